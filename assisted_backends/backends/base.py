@@ -1,0 +1,86 @@
+"""The Backend protocol: the questions the core asks a device family.
+
+A backend never runs the loop. It says where tensors live, which dtype and KV-cache layout to use,
+how to pad, and what to do at step boundaries; vendor libraries are imported inside its methods only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+ModelRole = Literal["target", "draft"]
+
+
+@dataclass(frozen=True)
+class PaddingPolicy:
+    """Shape policy for a generation.
+
+    bucket: static caches are preallocated to a multiple of this many positions.
+    pad_prompt: left-pad prompts to a multiple of `bucket` (static shapes: one prefill graph per bucket).
+    fixed_draft_length: the draft always proposes exactly γ tokens and verification always sees γ + 1.
+    """
+
+    bucket: int = 128
+    pad_prompt: bool = False
+    fixed_draft_length: bool = False
+
+
+class Backend(ABC):
+    """One device family. Subclasses are registered under the `assisted_backends.backends` entry-point group."""
+
+    name: str  # the device name users pass: "cpu", "cuda", "hpu", ...
+    priority: int = 0  # higher wins in device="auto"
+
+    @classmethod
+    @abstractmethod
+    def is_available(cls) -> bool:
+        """Whether this backend can run here; no side effects beyond (lazy) imports."""
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        """One line telling the user what is missing and how to fix it."""
+        return f"the {cls.name} backend is not available on this machine"
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    @abstractmethod
+    def prepare(self, model: torch.nn.Module, role: ModelRole) -> torch.nn.Module:
+        """Move the model to the device, choose its dtype, wrap it for graph mode; return the model to call."""
+
+    def cache_layout(self) -> str:
+        """'dynamic' or 'static': the layout this device runs fastest with."""
+        return "dynamic"
+
+    def padding(self, static_shapes: bool) -> PaddingPolicy:
+        """The shape policy; `static_shapes=True` asks for the fixed-shape policy the HPU uses."""
+        if static_shapes:
+            return PaddingPolicy(bucket=128, pad_prompt=True, fixed_draft_length=True)
+        return PaddingPolicy()
+
+    def step_boundary(self) -> None:
+        """Called after every forward pass; lazy-mode devices flush their graph here."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (so timings are honest)."""
+
+    def generator(self, seed: int | None) -> torch.Generator | None:
+        """A seeded random generator on the device, or None to use the global RNG."""
+        if seed is None:
+            return None
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed)
+        return generator
+
+    def memory_stats(self) -> dict[str, int]:
+        """Device memory figures in bytes (empty when the device reports none)."""
+        return {}
+
+    def describe(self) -> dict[str, str]:
+        """What was chosen and why, for the CLI to print."""
+        return {"backend": self.name, "device": str(self.device)}

@@ -1,0 +1,83 @@
+"""Drafters: whatever proposes γ tokens for the target to verify.
+
+A drafter writes its proposal into the token buffer's scratch space (positions
+[length, length + γ)) and, when sampling, returns q [B, γ, V]: the exact distributions it drew
+from. After verification the loop calls `rollback` so the drafter's state matches the committed
+tokens again.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from assisted_backends.core.runner import ModelRunner
+from assisted_backends.core.sampling import TokenSelector, sample
+from assisted_backends.core.tokens import TokenBuffer
+
+
+class Drafter(ABC):
+    name: str
+
+    @property
+    @abstractmethod
+    def forward_count(self) -> int: ...
+
+    @abstractmethod
+    def prefill(self, buffer: TokenBuffer) -> None:
+        """See the prompt (all committed tokens)."""
+
+    @abstractmethod
+    def propose(
+        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
+    ) -> torch.Tensor | None:
+        """Write γ tokens at buffer.ids[:, length : length + γ]; return q [B, γ, V] when sampling."""
+
+    @abstractmethod
+    def rollback(self, buffer: TokenBuffer) -> None:
+        """Forget everything past the committed tokens."""
+
+
+class ModelDrafter(Drafter):
+    """A small causal LM with its own KV cache.
+
+    The cache holds a prefix of the committed tokens; the rest ("pending": one token, two when all
+    γ were accepted, more after rounds without speculation) is fed at the start of the next proposal.
+    """
+
+    name = "draft_model"
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    @property
+    def forward_count(self) -> int:
+        return self.runner.forward_count
+
+    def prefill(self, buffer: TokenBuffer) -> None:
+        self.runner.forward(buffer.committed(), last_only=True)
+
+    def propose(
+        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
+    ) -> torch.Tensor | None:
+        start = buffer.length
+        feed = buffer.ids[:, self.runner.length : start]  # pending committed tokens [B, >=1]
+        distributions = []
+        for i in range(gamma):
+            logits = self.runner.forward(feed, last_only=True)  # [B, 1, V]
+            context = buffer.through(start + i)
+            if selector.do_sample:
+                q_i = selector.probabilities(logits, context)  # [B, 1, V]
+                token = sample(q_i, generator)  # [B, 1]
+                distributions.append(q_i)
+            else:
+                token = selector.greedy(logits, context)  # [B, 1]
+            buffer.ids[:, start + i] = token[:, 0]
+            feed = buffer.ids[:, start + i : start + i + 1]
+        return torch.cat(distributions, dim=1) if distributions else None
+
+    def rollback(self, buffer: TokenBuffer) -> None:
+        # Keep only committed tokens; the last committed one stays pending so that every proposal
+        # starts by feeding at least one token.
+        self.runner.rollback(min(self.runner.length, buffer.length - 1))

@@ -1,0 +1,64 @@
+"""Statistics of one generation, returned as data (the CLI prints them)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    """Counts and timings of one `generate` call.
+
+    A *round* is one target verification pass after the prefill: it scores γ draft tokens plus one
+    more position. `accepted` counts verification decisions (before truncation at EOS or at
+    max_new_tokens), so `acceptance_rate` α = accepted / drafted is the per-token acceptance the
+    Leviathan formula uses.
+    """
+
+    new_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    per_position_drafted: list[int] = field(default_factory=list)
+    per_position_accepted: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    drafter: str = "none"
+    cache_layout: str = "dynamic"
+    backend: str = "cpu"
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """α = accepted / drafted; None when nothing was drafted."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens gained per verification round, *including* the target's own token: (accepted + rounds) / rounds."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else None
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        """Count one verification round in which the first `accepted` of `drafted` tokens were kept."""
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        while len(self.per_position_drafted) < drafted:
+            self.per_position_drafted.append(0)
+            self.per_position_accepted.append(0)
+        for position in range(drafted):
+            self.per_position_drafted[position] += 1
+            if position < accepted:
+                self.per_position_accepted[position] += 1
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["acceptance_rate"] = self.acceptance_rate
+        data["mean_accepted_length"] = self.mean_accepted_length
+        data["total_s"] = self.total_s
+        return data

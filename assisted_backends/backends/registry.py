@@ -7,6 +7,7 @@ auto-detection, and two usable backends for one device name are an error, not a 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from importlib.metadata import entry_points
 
 from assisted_backends.backends.base import Backend
@@ -29,8 +30,9 @@ def _load(spec: str) -> type[Backend]:
     return getattr(module, attribute)
 
 
+@lru_cache(maxsize=1)
 def discover() -> dict[str, list[type[Backend]]]:
-    """Every registered backend class, by device name."""
+    """Every registered backend class, by device name (scanned once per process; `discover.cache_clear()` rescans)."""
     found: dict[str, list[type[Backend]]] = {}
     for entry in entry_points(group=ENTRY_POINT_GROUP):
         backend = entry.load()

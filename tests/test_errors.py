@@ -1,0 +1,97 @@
+"""Bad input gets a clear error that names the argument and the fix."""
+
+import pytest
+import torch
+from tiny_models import random_prompt, tiny_model
+
+from assisted_backends import generate
+from assisted_backends.backends import DeviceUnavailableError
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", seed=0)
+
+
+def test_unknown_device(target):
+    with pytest.raises(ValueError, match=r"device='tpu' is unknown; choose one of: auto, cpu"):
+        generate(target, random_prompt(3, 0), max_new_tokens=2, device="tpu")
+
+
+def test_unavailable_device(target, monkeypatch):
+    from assisted_backends.backends.cpu import CPUBackend
+
+    monkeypatch.setattr(CPUBackend, "is_available", classmethod(lambda cls: False))
+    with pytest.raises(DeviceUnavailableError, match="device='cpu' is not available"):
+        generate(target, random_prompt(3, 0), max_new_tokens=2, device="cpu")
+
+
+@pytest.mark.parametrize("value", [0, -3])
+def test_non_positive_max_new_tokens(target, value):
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        generate(target, random_prompt(3, 0), max_new_tokens=value)
+
+
+def test_missing_max_new_tokens(target):
+    with pytest.raises(ValueError, match="max_new_tokens is required"):
+        generate(target, random_prompt(3, 0))
+
+
+def test_non_positive_num_assistant_tokens(target):
+    with pytest.raises(ValueError, match="num_assistant_tokens must be >= 1"):
+        generate(target, random_prompt(3, 0), assistant_model=target, max_new_tokens=2, num_assistant_tokens=0)
+
+
+def test_empty_prompt(target):
+    with pytest.raises(ValueError, match="input_ids is empty"):
+        generate(target, torch.zeros((1, 0), dtype=torch.long), max_new_tokens=2)
+
+
+def test_fully_masked_prompt(target):
+    prompt = random_prompt(3, 0)
+    with pytest.raises(ValueError, match="masks every prompt token"):
+        generate(target, prompt, attention_mask=torch.zeros_like(prompt), max_new_tokens=2)
+
+
+def test_prompt_too_long(target):
+    with pytest.raises(ValueError, match=r"prompt \(250 tokens\) \+ max_new_tokens \(10\) = 260 exceeds the target's 256"):
+        generate(target, random_prompt(250, 0), max_new_tokens=10)
+
+
+def test_different_vocabularies_without_tokenizers(target):
+    draft = tiny_model("llama", seed=1, vocab=100)
+    with pytest.raises(ValueError, match="assistant_model has a vocabulary of 100 tokens and the target 128"):
+        generate(target, random_prompt(3, 0), assistant_model=draft, max_new_tokens=2)
+
+
+def test_batch_larger_than_one(target):
+    with pytest.raises(NotImplementedError, match="batch size 2 is not supported"):
+        generate(target, torch.zeros((2, 3), dtype=torch.long), max_new_tokens=2)
+
+
+def test_incompatible_layout_options(target):
+    with pytest.raises(ValueError, match="static_shapes=True needs the static cache layout"):
+        generate(target, random_prompt(3, 0), max_new_tokens=2, static_shapes=True, cache_layout="dynamic")
+
+
+def test_unknown_cache_layout(target):
+    with pytest.raises(ValueError, match="cache_layout='paged' is not one of"):
+        generate(target, random_prompt(3, 0), max_new_tokens=2, cache_layout="paged")
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(do_sample=True, temperature=0.0), "temperature must be > 0"),
+        (dict(do_sample=True, top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (dict(do_sample=True, top_k=-1), "top_k must be >= 0"),
+    ],
+)
+def test_invalid_sampling_parameters(target, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate(target, random_prompt(3, 0), max_new_tokens=2, **kwargs)
+
+
+def test_non_tensor_prompt(target):
+    with pytest.raises(TypeError, match="input_ids must be a torch.LongTensor"):
+        generate(target, [1, 2, 3], max_new_tokens=2)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from assisted_backends.backends.base import Backend
+from assisted_backends import drafting
+from assisted_backends.backends.base import Backend, BackendOptions
 from assisted_backends.backends.registry import resolve_backend
 from assisted_backends.core import hf_compat
-from assisted_backends.core.drafters import Drafter, ModelDrafter
 from assisted_backends.core.kv_cache import LAYOUT_NAMES, make_layout
 from assisted_backends.core.loop import LoopSettings, decode
 from assisted_backends.core.runner import ModelRunner
@@ -48,18 +48,12 @@ def _as_id_list(value) -> list[int] | None:
     return [int(value)]
 
 
-def _vocab_size(model: PreTrainedModel) -> int:
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and getattr(head, "weight", None) is not None:
-        return int(head.weight.shape[0])
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(config.vocab_size)
-
-
 def _validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, int]:
     """Return input_ids as [1, P] long and its number of left-padding positions."""
     if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a torch.LongTensor of shape [batch, length], got {type(input_ids).__name__}")
+        raise TypeError(
+            f"input_ids must be a torch.LongTensor of shape [batch, length], got {type(input_ids).__name__}"
+        )
     if input_ids.dim() == 1:
         input_ids = input_ids[None, :]
     if input_ids.dim() != 2:
@@ -75,7 +69,8 @@ def _validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, int]:
         return input_ids.long(), 0
     if attention_mask.shape != input_ids.shape:
         raise ValueError(
-            f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids {tuple(input_ids.shape)}; they must match"
+            f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids {tuple(input_ids.shape)}; "
+            "they must match"
         )
     mask = attention_mask[0].bool()
     pad = int((~mask).long().cumprod(0).sum())  # leading zeros
@@ -132,15 +127,25 @@ def generate(
     device: str = "auto",
     cache_layout: str | None = None,
     static_shapes: bool = False,
+    dtype: str | None = None,
+    draft_precision: str | None = None,
+    bucket_size: int | None = None,
+    tokenizer=None,
+    assistant_tokenizer=None,
+    prompt_lookup_num_tokens: int | None = None,
+    assistant_early_exit: int | None = None,
     generation_config: GenerationConfig | None = None,
     backend: Backend | None = None,
 ) -> GenerateResult:
-    """Generate up to `max_new_tokens` after `input_ids`, assisted by `assistant_model` when given.
+    """Generate up to `max_new_tokens` after `input_ids`, assisted by a drafter when one is asked for.
 
-    Unset arguments come from `generation_config`, then (EOS, pad) from the model's own generation
-    config, as `model.generate` does; sampling defaults are greedy, temperature 1.0, no top-k/top-p.
-    Greedy output is token-identical to the target decoding alone; sampling draws from the same
-    distribution (lossless speculative sampling).
+    Drafting: `assistant_model` (same vocabulary, or another one with `tokenizer=` and
+    `assistant_tokenizer=`), `prompt_lookup_num_tokens`, or `assistant_early_exit`. Unset arguments
+    come from `generation_config`, then (EOS, pad) from the model's own generation config, as
+    `model.generate` does; sampling defaults are greedy, temperature 1.0, no top-k/top-p. Greedy
+    output is token-identical to the target decoding alone; sampling draws from the same
+    distribution (lossless speculative sampling). `dtype`, `draft_precision` and `bucket_size` are
+    handed to the backend; `backend` reuses an already-resolved one (its models prepared once).
     """
     config = generation_config or GenerationConfig()
     model_config = getattr(model, "generation_config", None) or GenerationConfig()
@@ -150,7 +155,9 @@ def generate(
     if int(max_new_tokens) < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     max_new_tokens = int(max_new_tokens)
-    gamma = _first_set(num_assistant_tokens, getattr(config, "num_assistant_tokens", None) if generation_config else None)
+    gamma = _first_set(
+        num_assistant_tokens, getattr(config, "num_assistant_tokens", None) if generation_config else None
+    )
     gamma = int(gamma) if gamma is not None else DEFAULT_NUM_ASSISTANT_TOKENS
     if gamma < 1:
         raise ValueError(f"num_assistant_tokens must be >= 1, got {gamma}")
@@ -163,14 +170,15 @@ def generate(
     pad_id = _first_set(pad_token_id, config.pad_token_id, model_config.pad_token_id, (eos_ids or [0])[0])
     input_ids, user_pad = _validate_prompt(input_ids, attention_mask)
 
-    backend = backend or resolve_backend(device)
+    spec = drafting.DraftSpec(
+        assistant_model, tokenizer, assistant_tokenizer, prompt_lookup_num_tokens, assistant_early_exit
+    )
+    drafting.validate(spec, model)
+    if bucket_size is not None and bucket_size < 1:
+        raise ValueError(f"bucket_size must be >= 1, got {bucket_size}")
+    backend = backend or resolve_backend(device, BackendOptions(dtype, draft_precision, bucket_size))
     policy = backend.padding(static_shapes)
     layout_name = "static" if static_shapes else (cache_layout or backend.cache_layout())
-    if assistant_model is not None and _vocab_size(assistant_model) != _vocab_size(model):
-        raise ValueError(
-            f"assistant_model has a vocabulary of {_vocab_size(assistant_model)} tokens and the target "
-            f"{_vocab_size(model)}: they must share one tokenizer; use a draft from the target's family"
-        )
 
     prompt_length = input_ids.shape[1]
     bucket_pad = (-prompt_length) % policy.bucket if policy.pad_prompt else 0
@@ -182,19 +190,17 @@ def generate(
     device_ = backend.device
     prompt = torch.nn.functional.pad(input_ids, (bucket_pad, 0), value=int(pad_id)).to(device_)
     pad = torch.tensor([user_pad + bucket_pad], device=device_)  # [B]
-    lookahead = gamma + 1 if draft is not None else 1
+    lookahead = gamma + 1 if spec.speculates else 1
     capacity = prompt.shape[1] + max_new_tokens + lookahead
 
     def runner(m: PreTrainedModel) -> ModelRunner:
         layout = make_layout(layout_name, m, pad, capacity, policy.bucket)
         return ModelRunner(m, layout, step_boundary=backend.step_boundary)
 
-    drafter: Drafter | None = ModelDrafter(runner(draft)) if draft is not None else None
+    drafter = drafting.build_drafter(spec, target, draft, runner)
     buffer = TokenBuffer(prompt, capacity, int(pad_id))
     eos_tensor = torch.tensor(eos_ids, device=device_) if eos_ids else None
-    stats = GenerationStats(
-        drafter=drafter.name if drafter else "none", cache_layout=layout_name, backend=backend.name
-    )
+    stats = GenerationStats(drafter=drafter.name if drafter else "none", cache_layout=layout_name, backend=backend.name)
     decode(
         target=runner(target),
         drafter=drafter,

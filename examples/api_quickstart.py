@@ -12,8 +12,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import assisted_backends
 
 torch.manual_seed(0)
-config = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                     num_attention_heads=4, max_position_embeddings=512)
+config = LlamaConfig(
+    vocab_size=256,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    max_position_embeddings=512,
+)
 target = LlamaForCausalLM(config).eval()
 draft = LlamaForCausalLM(config).eval()
 draft.load_state_dict(target.state_dict())

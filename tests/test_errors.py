@@ -54,7 +54,9 @@ def test_fully_masked_prompt(target):
 
 
 def test_prompt_too_long(target):
-    with pytest.raises(ValueError, match=r"prompt \(250 tokens\) \+ max_new_tokens \(10\) = 260 exceeds the target's 256"):
+    with pytest.raises(
+        ValueError, match=r"prompt \(250 tokens\) \+ max_new_tokens \(10\) = 260 exceeds the target's 256"
+    ):
         generate(target, random_prompt(250, 0), max_new_tokens=10)
 
 

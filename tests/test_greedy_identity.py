@@ -1,6 +1,6 @@
 """Rule 1: greedy assisted output is token-identical to the target's own greedy `model.generate`."""
 
-from functools import lru_cache
+from functools import cache
 
 import pytest
 import torch
@@ -12,7 +12,7 @@ PROMPT_LENGTHS = (1, 6, 17)
 MAX_NEW_TOKENS = 23  # divisible by none of K + 1 for K in (1, 3, 8)
 
 
-@lru_cache(maxsize=None)
+@cache
 def pair(arch: str, draft_kind: str):
     target = tiny_model(arch, seed=0)
     drafts = {
@@ -24,7 +24,7 @@ def pair(arch: str, draft_kind: str):
     return target, drafts[draft_kind]()
 
 
-@lru_cache(maxsize=None)
+@cache
 def expected(arch: str, prompt_length: int) -> torch.Tensor:
     target, _ = pair(arch, "self")
     return reference_greedy(target, random_prompt(prompt_length, seed=prompt_length), MAX_NEW_TOKENS)
@@ -39,8 +39,13 @@ def test_assisted_greedy_matches_target_generate(arch, layout, gamma, draft_kind
     for prompt_length in PROMPT_LENGTHS:
         prompt = random_prompt(prompt_length, seed=prompt_length)
         result = generate(
-            target, prompt, assistant_model=draft, max_new_tokens=MAX_NEW_TOKENS,
-            num_assistant_tokens=gamma, cache_layout=layout, device="cpu",
+            target,
+            prompt,
+            assistant_model=draft,
+            max_new_tokens=MAX_NEW_TOKENS,
+            num_assistant_tokens=gamma,
+            cache_layout=layout,
+            device="cpu",
         )
         assert torch.equal(result.sequences, expected(arch, prompt_length)), (arch, layout, gamma, prompt_length)
         assert result.stats.new_tokens == MAX_NEW_TOKENS
@@ -59,8 +64,9 @@ def test_plain_decoding_through_the_loop_matches_generate(arch, layout):
 def test_partial_acceptance_is_exercised():
     """The noisy pair must reject some and accept some, or the identity tests above prove less."""
     target, draft = pair("llama", "noisy")
-    result = generate(target, random_prompt(6, seed=6), assistant_model=draft, max_new_tokens=60,
-                      num_assistant_tokens=3)
+    result = generate(
+        target, random_prompt(6, seed=6), assistant_model=draft, max_new_tokens=60, num_assistant_tokens=3
+    )
     assert 0.2 < result.stats.acceptance_rate < 0.95
 
 

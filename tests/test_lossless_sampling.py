@@ -70,8 +70,16 @@ def test_assisted_sampling_matches_plain_sampling(temperature, top_k, top_p):
     accepted = drafted = 0
     for seed in range(SAMPLES):
         result = generate(
-            target, PROMPT, assistant_model=draft, max_new_tokens=NEW, do_sample=True, temperature=temperature,
-            top_k=top_k, top_p=top_p, num_assistant_tokens=3, seed=seed,
+            target,
+            PROMPT,
+            assistant_model=draft,
+            max_new_tokens=NEW,
+            do_sample=True,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            num_assistant_tokens=3,
+            seed=seed,
         )
         counts[tuple(result.sequences[0, PROMPT.shape[1] :].tolist())] += 1
         accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted

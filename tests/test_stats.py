@@ -12,8 +12,9 @@ def target():
 
 
 def test_target_as_its_own_draft_accepts_everything(target):
-    result = generate(target, random_prompt(5, seed=1), assistant_model=target, max_new_tokens=21,
-                      num_assistant_tokens=4)
+    result = generate(
+        target, random_prompt(5, seed=1), assistant_model=target, max_new_tokens=21, num_assistant_tokens=4
+    )
     stats = result.stats
     assert stats.acceptance_rate == 1.0
     # 1 token from the prefill, then rounds of γ accepted + 1: 20 tokens need 4 rounds of 5.
@@ -26,8 +27,9 @@ def test_target_as_its_own_draft_accepts_everything(target):
 
 def test_counts_add_up_with_partial_acceptance(target):
     draft = noisy_copy(target, seed=3, scale=0.02)
-    result = generate(target, random_prompt(5, seed=2), assistant_model=draft, max_new_tokens=40,
-                      num_assistant_tokens=3)
+    result = generate(
+        target, random_prompt(5, seed=2), assistant_model=draft, max_new_tokens=40, num_assistant_tokens=3
+    )
     stats = result.stats
     assert stats.new_tokens == 40 == result.sequences.shape[1] - 5
     assert sum(stats.per_position_accepted) == stats.accepted

@@ -22,12 +22,25 @@ def _eos_inside_the_greedy_path():
 def test_stops_at_first_eos_inside_accepted_span(gamma, layout):
     target, prompt, path, eos = _eos_inside_the_greedy_path()
     expected = path[: path.index(eos) + 1]
-    result = generate(target, prompt, assistant_model=target, max_new_tokens=30, eos_token_id=eos,
-                      num_assistant_tokens=gamma, cache_layout=layout)
+    result = generate(
+        target,
+        prompt,
+        assistant_model=target,
+        max_new_tokens=30,
+        eos_token_id=eos,
+        num_assistant_tokens=gamma,
+        cache_layout=layout,
+    )
     assert result.sequences[0, 4:].tolist() == expected
     with torch.inference_mode():
-        reference = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=30,
-                                    eos_token_id=eos, pad_token_id=0, do_sample=False)
+        reference = target.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=30,
+            eos_token_id=eos,
+            pad_token_id=0,
+            do_sample=False,
+        )
     assert reference[0, 4:].tolist() == expected
 
 
@@ -54,6 +67,12 @@ def test_generation_config_is_accepted_and_explicit_arguments_win():
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 13])
 def test_stops_exactly_at_max_new_tokens_with_fixed_shapes(max_new_tokens):
     target = tiny_model("gpt2", seed=0)
-    result = generate(target, random_prompt(3, seed=1), assistant_model=target, max_new_tokens=max_new_tokens,
-                      num_assistant_tokens=4, static_shapes=True)
+    result = generate(
+        target,
+        random_prompt(3, seed=1),
+        assistant_model=target,
+        max_new_tokens=max_new_tokens,
+        num_assistant_tokens=4,
+        static_shapes=True,
+    )
     assert result.stats.new_tokens == max_new_tokens == result.sequences.shape[1] - 3

@@ -39,28 +39,53 @@ def tiny_model(
     special = dict(_NO_SPECIAL, eos_token_id=eos_token_id)
     if arch == "llama":
         config = LlamaConfig(
-            vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-            initializer_range=init, pad_token_id=None, **special,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_positions,
+            initializer_range=init,
+            pad_token_id=None,
+            **special,
         )
         model_class = LlamaForCausalLM
     elif arch == "opt":
         config = OPTConfig(
-            vocab_size=vocab, hidden_size=hidden, ffn_dim=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
-            max_position_embeddings=max_positions, word_embed_proj_dim=hidden, init_std=init, pad_token_id=1,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            ffn_dim=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            max_position_embeddings=max_positions,
+            word_embed_proj_dim=hidden,
+            init_std=init,
+            pad_token_id=1,
             **special,
         )
         model_class = OPTForCausalLM
     elif arch == "gpt2":
         config = GPT2Config(
-            vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions,
-            initializer_range=init, **special,
+            vocab_size=vocab,
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=4,
+            n_positions=max_positions,
+            initializer_range=init,
+            **special,
         )
         model_class = GPT2LMHeadModel
     elif arch == "gpt_bigcode":
         config = GPTBigCodeConfig(
-            vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions,
-            initializer_range=init, multi_query=True, **special,
+            vocab_size=vocab,
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=4,
+            n_positions=max_positions,
+            initializer_range=init,
+            multi_query=True,
+            **special,
         )
         model_class = GPTBigCodeForCausalLM
     else:
@@ -73,7 +98,10 @@ def reference_greedy(model: PreTrainedModel, input_ids: torch.Tensor, max_new_to
     """The target's own plain greedy `model.generate` (the identity reference)."""
     with torch.inference_mode():
         return model.generate(
-            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens, do_sample=False,
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
             pad_token_id=0,
         )
 

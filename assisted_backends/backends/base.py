@@ -29,11 +29,33 @@ class PaddingPolicy:
     fixed_draft_length: bool = False
 
 
+@dataclass(frozen=True)
+class BackendOptions:
+    """What the user asked of the device; None means "the backend decides".
+
+    dtype: target precision ("fp32", "bf16", "fp16").
+    draft_precision: draft precision ("fp32", "bf16", "w8af32").
+    bucket_size: static-shape bucket (prompt padding and cache preallocation granularity).
+    graphs: capture graphs (HPU graphs, CUDA graphs) where the device supports it.
+    """
+
+    dtype: str | None = None
+    draft_precision: str | None = None
+    bucket_size: int | None = None
+    graphs: bool | None = None
+
+
 class Backend(ABC):
-    """One device family. Subclasses are registered under the `assisted_backends.backends` entry-point group."""
+    """One device family. Subclasses are registered under the `assisted_backends.backends` entry-point group.
+
+    `prepare` must be idempotent: the CLI prepares models once and then calls `generate` many times.
+    """
 
     name: str  # the device name users pass: "cpu", "cuda", "hpu", ...
     priority: int = 0  # higher wins in device="auto"
+
+    def __init__(self, options: BackendOptions | None = None) -> None:
+        self.options = options or BackendOptions()
 
     @classmethod
     @abstractmethod
@@ -59,9 +81,10 @@ class Backend(ABC):
 
     def padding(self, static_shapes: bool) -> PaddingPolicy:
         """The shape policy; `static_shapes=True` asks for the fixed-shape policy the HPU uses."""
+        bucket = self.options.bucket_size or 128
         if static_shapes:
-            return PaddingPolicy(bucket=128, pad_prompt=True, fixed_draft_length=True)
-        return PaddingPolicy()
+            return PaddingPolicy(bucket=bucket, pad_prompt=True, fixed_draft_length=True)
+        return PaddingPolicy(bucket=bucket)
 
     def step_boundary(self) -> None:
         """Called after every forward pass; lazy-mode devices flush their graph here."""

@@ -10,13 +10,15 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib.metadata import entry_points
 
-from assisted_backends.backends.base import Backend
+from assisted_backends.backends.base import Backend, BackendOptions
 
 ENTRY_POINT_GROUP = "assisted_backends.backends"
 
 # Used only when the package runs from a source tree that was never installed (no metadata).
 _BUILTIN = {
     "cpu": "assisted_backends.backends.cpu:CPUBackend",
+    "cuda": "assisted_backends.backends.cuda:CUDABackend",
+    "hpu": "assisted_backends.backends.hpu:HPUBackend",
 }
 
 
@@ -54,16 +56,18 @@ def _single_usable(name: str, candidates: list[type[Backend]]) -> type[Backend] 
     return usable[0] if usable else None
 
 
-def resolve_backend(device: str = "auto") -> Backend:
+def resolve_backend(device: str = "auto", options: BackendOptions | None = None) -> Backend:
     """The backend for `device` ('auto' picks the usable one with the highest priority)."""
     registered = discover()
     if device == "auto":
         usable = [b for name, group in registered.items() if (b := _single_usable(name, group)) is not None]
-        return max(usable, key=lambda backend: backend.priority)()
+        return max(usable, key=lambda backend: backend.priority)(options)
     if device not in registered:
         known = ", ".join(["auto", *sorted(registered)])
         raise ValueError(f"device={device!r} is unknown; choose one of: {known}")
     backend = _single_usable(device, registered[device])
     if backend is None:
-        raise DeviceUnavailableError(f"device={device!r} is not available: {registered[device][0].unavailable_reason()}")
-    return backend()
+        raise DeviceUnavailableError(
+            f"device={device!r} is not available: {registered[device][0].unavailable_reason()}"
+        )
+    return backend(options)

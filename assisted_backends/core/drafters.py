@@ -9,12 +9,26 @@ tokens again.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.sampling import TokenSelector, sample
 from assisted_backends.core.tokens import TokenBuffer
+
+
+@dataclass
+class Proposal:
+    """`count` draft tokens now sit at buffer.ids[:, length : length + count].
+
+    q [B, count, V_target] is the distribution each was drawn from when sampling (None for greedy).
+    A drafter may propose fewer than the γ asked for (a lookup with no match, a re-tokenization that
+    came out shorter), never more; under static shapes it must propose exactly γ.
+    """
+
+    count: int
+    q: torch.Tensor | None = None
 
 
 class Drafter(ABC):
@@ -31,8 +45,8 @@ class Drafter(ABC):
     @abstractmethod
     def propose(
         self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> torch.Tensor | None:
-        """Write γ tokens at buffer.ids[:, length : length + γ]; return q [B, γ, V] when sampling."""
+    ) -> Proposal:
+        """Write up to γ tokens at buffer.ids[:, length : length + γ]."""
 
     @abstractmethod
     def rollback(self, buffer: TokenBuffer) -> None:
@@ -60,7 +74,7 @@ class ModelDrafter(Drafter):
 
     def propose(
         self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> torch.Tensor | None:
+    ) -> Proposal:
         start = buffer.length
         feed = buffer.ids[:, self.runner.length : start]  # pending committed tokens [B, >=1]
         distributions = []
@@ -75,7 +89,7 @@ class ModelDrafter(Drafter):
                 token = selector.greedy(logits, context)  # [B, 1]
             buffer.ids[:, start + i] = token[:, 0]
             feed = buffer.ids[:, start + i : start + i + 1]
-        return torch.cat(distributions, dim=1) if distributions else None
+        return Proposal(gamma, torch.cat(distributions, dim=1) if distributions else None)
 
     def rollback(self, buffer: TokenBuffer) -> None:
         # Keep only committed tokens; the last committed one stays pending so that every proposal

@@ -7,13 +7,13 @@ transformers release is handled here and nowhere else.
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
+from functools import cache
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
 
-@lru_cache(maxsize=None)
+@cache
 def _forward_parameters(model_class: type) -> frozenset[str]:
     return frozenset(inspect.signature(model_class.forward).parameters)
 

@@ -107,9 +107,7 @@ def bucketed(length: int, bucket: int) -> int:
     return -(-length // bucket) * bucket
 
 
-def make_layout(
-    name: str, model: PreTrainedModel, pad: torch.Tensor, capacity: int, bucket: int
-) -> CacheLayout:
+def make_layout(name: str, model: PreTrainedModel, pad: torch.Tensor, capacity: int, bucket: int) -> CacheLayout:
     """Build layout `name`; a static layout is preallocated to `capacity` rounded up to `bucket`."""
     if name == "dynamic":
         return DynamicLayout(model, pad)

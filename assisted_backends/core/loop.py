@@ -7,13 +7,13 @@ measured through one code path.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from assisted_backends.core.acceptance import greedy_accept, speculative_accept
-from assisted_backends.core.drafters import Drafter
+from assisted_backends.core.drafters import Drafter, Proposal
 from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.sampling import TokenSelector, sample
 from assisted_backends.core.schedule import DraftSchedule
@@ -78,14 +78,17 @@ def decode(
             gamma = min(gamma, remaining - 1)  # never draft what cannot be committed
         start = buffer.length
 
-        q = drafter.propose(buffer, gamma, selector, generator) if gamma > 0 else None
+        proposal = drafter.propose(buffer, gamma, selector, generator) if gamma > 0 else Proposal(0)
+        if settings.fixed_draft_length and proposal.count != gamma:
+            raise RuntimeError(f"{drafter.name} proposed {proposal.count} tokens; static shapes need exactly {gamma}")
+        asked, gamma = gamma, proposal.count
         draft = buffer.ids[:, start : start + gamma]  # [B, γ]
         logits = target.forward(buffer.ids[:, target.length : start + gamma])  # [B, γ+1, V]
         context = buffer.through(start + gamma)
         if selector.do_sample:
             p = selector.probabilities(logits, context)  # [B, γ+1, V]
             if gamma > 0:
-                accepted, next_token = speculative_accept(draft, q, p, generator)
+                accepted, next_token = speculative_accept(draft, proposal.q, p, generator)
             else:
                 accepted, next_token = torch.zeros(1, dtype=torch.long), sample(p[:, -1], generator)
         else:
@@ -97,10 +100,10 @@ def decode(
         buffer.length = start + keep
 
         target.rollback(buffer.length - 1)  # the newest committed token stays pending
-        if drafter is not None and gamma > 0:
+        if drafter is not None and asked > 0:
             drafter.rollback(buffer)
         stats.record_round(gamma, n)
-        if schedule is not None and gamma > 0:
+        if schedule is not None and asked > 0:
             schedule.update(gamma, n)
 
     settings.synchronize()

@@ -1,0 +1,5 @@
+import sys
+
+from assisted_backends.cli.main import main
+
+sys.exit(main())

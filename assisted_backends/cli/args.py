@@ -1,0 +1,176 @@
+"""Command-line flags of `run-assisted-generation`, mapped one to one onto `generate(...)` arguments.
+
+Both spellings the seed scripts use are accepted (`--assistant-model` and `--assistant_model`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DTYPES = ("auto", "fp32", "bf16", "fp16")
+DRAFT_PRECISIONS = ("fp32", "bf16", "w8af32")
+
+
+def _both(name: str) -> list[str]:
+    """`--some-flag` and `--some_flag`."""
+    dashed, underscored = name.replace("_", "-"), name.replace("-", "_")
+    return [f"--{dashed}"] if dashed == underscored else [f"--{dashed}", f"--{underscored}"]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def build_parser(devices: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run-assisted-generation",
+        description="Assisted generation (speculative decoding) with a draft model; "
+        "with no model arguments it runs the embedded demo pair.",
+    )
+    models = parser.add_argument_group("models")
+    models.add_argument(
+        "-m",
+        *_both("model_name_or_path"),
+        "--model",
+        dest="model",
+        default=None,
+        help="target: a local directory or a Hub id (default: the embedded demo pair)",
+    )
+    models.add_argument(
+        *_both("assistant_model"),
+        dest="assistant_model",
+        default=None,
+        help="draft: a local directory or a Hub id (default: chosen from the target's architecture)",
+    )
+    models.add_argument(
+        *_both("no_assisted"),
+        dest="no_assisted",
+        action="store_true",
+        help="plain decoding through the same loop (for benchmarking)",
+    )
+    models.add_argument(
+        *_both("prompt_lookup"),
+        dest="prompt_lookup",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="draft N tokens by prompt lookup instead of a draft model",
+    )
+    models.add_argument(
+        *_both("assistant_early_exit"),
+        dest="assistant_early_exit",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="draft with the target's first N layers and its own head",
+    )
+    models.add_argument(
+        *_both("demo_budget"),
+        dest="demo_budget",
+        choices=("default", "smoke"),
+        default="default",
+        help="demo pair training budget; 'smoke' trains in seconds (for CI) and writes noise",
+    )
+    models.add_argument(
+        *_both("demo_dir"),
+        dest="demo_dir",
+        default=None,
+        help="cache directory for the demo pair (default: ~/.cache/assisted_backends, or $ASSISTED_BACKENDS_CACHE)",
+    )
+
+    device = parser.add_argument_group("device and precision")
+    device.add_argument("--device", choices=devices, default="auto")
+    device.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="target precision; auto = bf16 where the device runs it fast, else fp32",
+    )
+    device.add_argument(*_both("draft_precision"), dest="draft_precision", choices=DRAFT_PRECISIONS, default=None)
+    device.add_argument(
+        *_both("static_shapes"),
+        dest="static_shapes",
+        action="store_true",
+        help="bucketed prompt, static KV cache, fixed draft length (what HPU graphs need)",
+    )
+    device.add_argument(*_both("bucket_size"), dest="bucket_size", type=_positive_int, default=None)
+
+    decoding = parser.add_argument_group("decoding")
+    decoding.add_argument(*_both("max_new_tokens"), dest="max_new_tokens", type=_positive_int, default=128)
+    decoding.add_argument(
+        *_both("num_assistant_tokens"),
+        dest="num_assistant_tokens",
+        type=_positive_int,
+        default=None,
+        help="draft length γ (default 4)",
+    )
+    decoding.add_argument(*_both("do_sample"), dest="do_sample", action="store_true")
+    decoding.add_argument("--temperature", type=float, default=None)
+    decoding.add_argument(*_both("top_k"), dest="top_k", type=int, default=None)
+    decoding.add_argument(*_both("top_p"), dest="top_p", type=float, default=None)
+    decoding.add_argument(*_both("repetition_penalty"), dest="repetition_penalty", type=float, default=None)
+    decoding.add_argument("--seed", type=int, default=None)
+    decoding.add_argument("--prompt", default=None)
+    decoding.add_argument(*_both("prompt_file"), dest="prompt_file", default=None)
+
+    task = parser.add_argument_group("task and output")
+    task.add_argument("--task", choices=("generate", "benchmark"), default="generate")
+    task.add_argument("--quick", action="store_true", help="benchmark: a short preset of cases")
+    task.add_argument(
+        "--compare",
+        action="store_true",
+        help="benchmark: run plain and assisted interleaved on the same cases and add a Speedup column",
+    )
+    task.add_argument(*_both("prompt_lengths"), dest="prompt_lengths", type=_positive_int, nargs="+", default=None)
+    task.add_argument(
+        *_both("new_tokens"),
+        dest="new_tokens",
+        type=_positive_int,
+        nargs="+",
+        default=None,
+        help="benchmark: new-token counts per case",
+    )
+    task.add_argument("--repeats", type=_positive_int, default=3, help="benchmark: timed runs per case (median)")
+    task.add_argument("--json", default=None, metavar="PATH")
+    task.add_argument("--csv", default=None, metavar="PATH")
+    task.add_argument("--plot", default=None, metavar="PNG")
+    return parser
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Reject flag combinations that cannot work, with the fix in the message."""
+    drafters = [
+        flag
+        for flag, value in (
+            ("--assistant-model", args.assistant_model),
+            ("--prompt-lookup", args.prompt_lookup),
+            ("--assistant-early-exit", args.assistant_early_exit),
+        )
+        if value is not None
+    ]
+    if len(drafters) > 1:
+        raise ValueError(f"choose one way of drafting: {' and '.join(drafters)} were both given")
+    if args.no_assisted and drafters:
+        raise ValueError(f"--no-assisted conflicts with {drafters[0]}; drop one of them")
+    if args.no_assisted and args.compare:
+        raise ValueError("--compare already runs plain decoding next to assisted; drop --no-assisted")
+    if args.compare and args.task != "benchmark":
+        raise ValueError("--compare belongs to --task benchmark")
+    if args.plot and not args.compare:
+        raise ValueError("--plot draws the speedup per case and needs --task benchmark --compare")
+    if args.prompt is not None and args.prompt_file is not None:
+        raise ValueError("give either --prompt or --prompt-file, not both")
+    if args.task == "generate" and (args.prompt_lengths or args.new_tokens or args.quick):
+        raise ValueError("--prompt-lengths, --new-tokens and --quick belong to --task benchmark")
+    if args.temperature is not None and args.temperature <= 0:
+        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+    sampling_only = [
+        flag
+        for flag, value in (("--temperature", args.temperature), ("--top-k", args.top_k), ("--top-p", args.top_p))
+        if value is not None
+    ]
+    if sampling_only and not args.do_sample:
+        raise ValueError(f"{', '.join(sampling_only)} only apply when sampling; add --do_sample")

@@ -1,0 +1,97 @@
+"""Loading models and tokenizers for the CLI, with one-line errors instead of tracebacks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+# The draft the seed scripts pair with each target family when none is given.
+DEFAULT_ASSISTANTS = {
+    "opt": "facebook/opt-125m",
+    "llama": "PY007/TinyLlama-1.1B-intermediate-step-715k-1.5T",
+    "gpt_bigcode": "bigcode/tiny_starcoder_py",
+}
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class CLIError(Exception):
+    """A user-facing problem: printed as one line, exit status 2."""
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
+def _resolve(name: str, what: str) -> str:
+    """A local directory as is; a Hub id from the local cache only when offline; a clear error otherwise."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise CLIError(f"{what} directory {path} has no config.json; point {what} at a saved model directory")
+        return str(path)
+    if path.exists() or _looks_like_path(name):
+        raise CLIError(f"{what} directory {path} does not exist; pass the directory that holds config.json")
+    return name
+
+
+def _offline_hint(name: str, what: str) -> str:
+    return (
+        f"{what} {name!r} is not on disk and could not be downloaded (this machine may be offline): "
+        f"download it where the Hub is reachable (`huggingface-cli download {name}`) and pass its directory to {what}"
+    )
+
+
+def load_model(name: str, what: str, torch_dtype: torch.dtype | None) -> PreTrainedModel:
+    """`AutoModelForCausalLM.from_pretrained`, trying the local cache first."""
+    resolved = _resolve(name, what)
+    kwargs = {"dtype": torch_dtype} if torch_dtype is not None else {}
+    try:
+        return AutoModelForCausalLM.from_pretrained(resolved, local_files_only=True, **kwargs).eval()
+    except (OSError, ValueError) as local_error:
+        if Path(resolved).is_dir():
+            raise CLIError(f"cannot load {what} from {resolved}: {local_error}") from None
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise CLIError(_offline_hint(name, what))
+    try:
+        return AutoModelForCausalLM.from_pretrained(resolved, **kwargs).eval()
+    except OSError:
+        raise CLIError(_offline_hint(name, what)) from None
+
+
+def load_tokenizer(name: str, what: str):
+    resolved = _resolve(name, what)
+    try:
+        return AutoTokenizer.from_pretrained(resolved, local_files_only=True)
+    except (OSError, ValueError):
+        if Path(resolved).is_dir() or os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise CLIError(f"no tokenizer found for {what} {name!r}; save the tokenizer next to the model") from None
+    try:
+        return AutoTokenizer.from_pretrained(resolved)
+    except OSError:
+        raise CLIError(_offline_hint(name, what)) from None
+
+
+def model_type(name: str) -> str:
+    """The `model_type` in a model's config.json (read without loading weights)."""
+    from transformers import AutoConfig
+
+    resolved = _resolve(name, "-m/--model")
+    try:
+        return AutoConfig.from_pretrained(resolved, local_files_only=Path(resolved).is_dir()).model_type
+    except OSError:
+        raise CLIError(_offline_hint(name, "-m/--model")) from None
+
+
+def default_assistant(target: str) -> str:
+    """The seed scripts' draft for the target's family, or an error listing the options."""
+    family = model_type(target)
+    if family not in DEFAULT_ASSISTANTS:
+        options = ", ".join(f"{k} -> {v}" for k, v in DEFAULT_ASSISTANTS.items())
+        raise CLIError(
+            f"no default draft for a {family!r} target; pass --assistant-model DIR (any causal LM; another tokenizer "
+            f"works too), --prompt-lookup N, --assistant-early-exit N, or --no-assisted. Defaults exist for: {options}"
+        )
+    return DEFAULT_ASSISTANTS[family]

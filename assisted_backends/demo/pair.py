@@ -1,0 +1,160 @@
+"""Preparing (once) and locating the embedded demo pair.
+
+`ensure_demo_pair()` returns the cached pair or trains it: tokenizer, then target and draft
+together, then `save_pretrained` of both (each directory self-contained, tokenizer included) and
+the held-out text the benchmark draws prompts from. Writing goes to a temporary directory that is
+renamed at the end, so an interrupted run never leaves a half-written pair behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import LlamaForCausalLM
+
+from assisted_backends.demo.corpus import read_corpus
+from assisted_backends.demo.tokenizer import train_tokenizer
+from assisted_backends.demo.train import ModelShape, train_models
+
+DEMO_VERSION = 1
+NOTICE = (
+    "note: using the embedded DEMO pair (a {target} target and a {draft} draft trained on this machine from "
+    "the Python standard library). It writes Python-like fragments, not good code; "
+    "pass -m and --assistant-model for real models."
+)
+
+
+@dataclass(frozen=True)
+class DemoBudget:
+    """How much to train. The default takes a few minutes on 2 cores; tests use a tiny one."""
+
+    corpus_bytes: int = 2_000_000
+    vocab_size: int = 4096
+    steps: int = 300
+    batch_size: int = 16
+    sequence_length: int = 128
+    target: ModelShape = field(default_factory=lambda: ModelShape(layers=6, hidden=512, heads=8))
+    draft: ModelShape = field(default_factory=lambda: ModelShape(layers=1, hidden=128, heads=4))
+    seed: int = 0
+    threads: int = 2
+
+    def key(self) -> str:
+        """Identifies the weights: the budget plus the torch build (other builds give other weights)."""
+        blob = json.dumps({**asdict(self), "torch": torch.__version__, "v": DEMO_VERSION}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+SMOKE_BUDGET = DemoBudget(
+    corpus_bytes=60_000,
+    vocab_size=300,
+    steps=3,
+    batch_size=2,
+    sequence_length=32,
+    target=ModelShape(layers=1, hidden=32, heads=2),
+    draft=ModelShape(layers=1, hidden=16, heads=2),
+)
+BUDGETS = {"default": DemoBudget(), "smoke": SMOKE_BUDGET}  # smoke: seconds, for CI; its text is noise
+
+
+@dataclass(frozen=True)
+class DemoPair:
+    target_dir: Path
+    draft_dir: Path
+    held_out_text: Path
+
+
+def default_cache_root() -> Path:
+    base = os.environ.get("ASSISTED_BACKENDS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "assisted_backends"
+
+
+def demo_pair_dirs(root: Path | None = None, budget: DemoBudget | None = None) -> DemoPair:
+    """Where the pair for `budget` lives (whether or not it was prepared yet)."""
+    budget = budget or DemoBudget()
+    directory = Path(root or default_cache_root()) / f"demo-pair-v{DEMO_VERSION}-{budget.key()}"
+    return DemoPair(directory / "target", directory / "draft", directory / "held_out.txt")
+
+
+def is_prepared(pair: DemoPair) -> bool:
+    return (
+        all((d / "config.json").is_file() for d in (pair.target_dir, pair.draft_dir)) and pair.held_out_text.is_file()
+    )
+
+
+def ensure_demo_pair(root: Path | None = None, budget: DemoBudget | None = None, progress: bool = True) -> DemoPair:
+    """The demo pair's directories, training and saving it first if it is not cached yet."""
+    budget = budget or DemoBudget()
+    pair = demo_pair_dirs(root, budget)
+    if is_prepared(pair):
+        return pair
+    final = pair.target_dir.parent
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".demo-staging-", dir=final.parent))
+    try:
+        _prepare(staging, budget, progress)
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return pair
+
+
+def _prepare(directory: Path, budget: DemoBudget, progress: bool) -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(budget.threads)  # same seed + same threads -> bit-identical weights
+    try:
+        text, held_out = read_corpus(budget.corpus_bytes)
+        tokenizer = train_tokenizer(text, budget.vocab_size)
+        tokens = torch.tensor(tokenizer(text).input_ids, dtype=torch.long)
+        special = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        torch.manual_seed(budget.seed)
+        target = LlamaForCausalLM(budget.target.config(len(tokenizer), **special))
+        draft = LlamaForCausalLM(budget.draft.config(len(tokenizer), **special))
+        bar = _progress_bar(budget.steps, progress)
+        losses = train_models(
+            [target, draft],
+            tokens,
+            budget.steps,
+            budget.batch_size,
+            budget.sequence_length,
+            budget.seed,
+            on_step=lambda step, values: (
+                bar.update(1) or bar.set_postfix(target=f"{values[0]:.2f}", draft=f"{values[1]:.2f}")
+            ),
+        )
+        bar.close()
+        for name, model in (("target", target), ("draft", draft)):
+            model.generation_config.eos_token_id = tokenizer.eos_token_id
+            model.generation_config.pad_token_id = tokenizer.pad_token_id
+            model.save_pretrained(directory / name)
+            tokenizer.save_pretrained(directory / name)
+        (directory / "held_out.txt").write_text(held_out, encoding="utf-8")
+        (directory / "training.json").write_text(
+            json.dumps(
+                {
+                    "budget": asdict(budget),
+                    "final_loss": {"target": losses[0], "draft": losses[1]},
+                    "torch": torch.__version__,
+                    "python": sys.version.split()[0],
+                },
+                indent=2,
+            )
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="training the demo pair (once)", unit="step", disable=not enabled, file=sys.stderr)

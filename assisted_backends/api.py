@@ -19,11 +19,12 @@ from assisted_backends.core.kv_cache import LAYOUT_NAMES, make_layout
 from assisted_backends.core.loop import LoopSettings, decode
 from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.sampling import SamplingConfig, TokenSelector
-from assisted_backends.core.schedule import ConstantSchedule
+from assisted_backends.core.schedule import make_schedule
 from assisted_backends.core.stats import GenerationStats
 from assisted_backends.core.tokens import TokenBuffer
 
-DEFAULT_NUM_ASSISTANT_TOKENS = 4
+DEFAULT_NUM_ASSISTANT_TOKENS = 4  # γ of the constant schedule when none is given
+MAX_ADAPTIVE_GAMMA = 8  # the adaptive schedule's largest γ when num_assistant_tokens is not given
 
 
 @dataclass
@@ -123,6 +124,7 @@ def generate(
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
     num_assistant_tokens: int | None = None,
+    schedule: str | None = None,
     seed: int | None = None,
     device: str = "auto",
     cache_layout: str | None = None,
@@ -146,6 +148,9 @@ def generate(
     output is token-identical to the target decoding alone; sampling draws from the same
     distribution (lossless speculative sampling). `dtype`, `draft_precision` and `bucket_size` are
     handed to the backend; `backend` reuses an already-resolved one (its models prepared once).
+    `schedule`: "adaptive" (default; γ chosen online, 0 when speculation cannot win, at most
+    `num_assistant_tokens` or 8) or "constant" (always `num_assistant_tokens`, default 4; the default
+    when `num_assistant_tokens` or static shapes fix γ).
     """
     config = generation_config or GenerationConfig()
     model_config = getattr(model, "generation_config", None) or GenerationConfig()
@@ -158,8 +163,7 @@ def generate(
     gamma = _first_set(
         num_assistant_tokens, getattr(config, "num_assistant_tokens", None) if generation_config else None
     )
-    gamma = int(gamma) if gamma is not None else DEFAULT_NUM_ASSISTANT_TOKENS
-    if gamma < 1:
+    if gamma is not None and int(gamma) < 1:
         raise ValueError(f"num_assistant_tokens must be >= 1, got {gamma}")
     if cache_layout is not None and cache_layout not in LAYOUT_NAMES:
         raise ValueError(f"cache_layout={cache_layout!r} is not one of {LAYOUT_NAMES}")
@@ -174,11 +178,16 @@ def generate(
         assistant_model, tokenizer, assistant_tokenizer, prompt_lookup_num_tokens, assistant_early_exit
     )
     drafting.validate(spec, model)
+    gamma = drafting.draft_length(spec, gamma)
     if bucket_size is not None and bucket_size < 1:
         raise ValueError(f"bucket_size must be >= 1, got {bucket_size}")
     backend = backend or resolve_backend(device, BackendOptions(dtype, draft_precision, bucket_size))
     policy = backend.padding(static_shapes)
-    layout_name = "static" if static_shapes else (cache_layout or backend.cache_layout())
+    layout_name = "static" if static_shapes else (cache_layout or backend.cache_layout_for(model, assistant_model))
+    draft_schedule = make_schedule(
+        schedule, gamma, policy.fixed_draft_length, DEFAULT_NUM_ASSISTANT_TOKENS, MAX_ADAPTIVE_GAMMA
+    )
+    max_gamma = getattr(draft_schedule, "gamma", None) or draft_schedule.max_gamma
 
     prompt_length = input_ids.shape[1]
     bucket_pad = (-prompt_length) % policy.bucket if policy.pad_prompt else 0
@@ -190,23 +199,28 @@ def generate(
     device_ = backend.device
     prompt = torch.nn.functional.pad(input_ids, (bucket_pad, 0), value=int(pad_id)).to(device_)
     pad = torch.tensor([user_pad + bucket_pad], device=device_)  # [B]
-    lookahead = gamma + 1 if spec.speculates else 1
+    lookahead = max_gamma + 1 if spec.speculates else 1
     capacity = prompt.shape[1] + max_new_tokens + lookahead
 
     def runner(m: PreTrainedModel) -> ModelRunner:
         layout = make_layout(layout_name, m, pad, capacity, policy.bucket)
         return ModelRunner(m, layout, step_boundary=backend.step_boundary)
 
-    drafter = drafting.build_drafter(spec, target, draft, runner)
+    drafter = drafting.build_drafter(spec, target, draft, runner, policy.fixed_draft_length)
     buffer = TokenBuffer(prompt, capacity, int(pad_id))
     eos_tensor = torch.tensor(eos_ids, device=device_) if eos_ids else None
-    stats = GenerationStats(drafter=drafter.name if drafter else "none", cache_layout=layout_name, backend=backend.name)
+    stats = GenerationStats(
+        drafter=drafter.name if drafter else "none",
+        schedule=type(draft_schedule).__name__ if drafter else "none",
+        cache_layout=layout_name,
+        backend=backend.name,
+    )
     decode(
         target=runner(target),
         drafter=drafter,
         buffer=buffer,
         selector=TokenSelector(sampling),
-        schedule=ConstantSchedule(gamma) if drafter else None,
+        schedule=draft_schedule if drafter else None,
         generator=backend.generator(seed),
         settings=LoopSettings(max_new_tokens, eos_tensor, policy.fixed_draft_length, backend.synchronize),
         stats=stats,

@@ -1,9 +1,10 @@
 """Which drafter a `generate` call gets, from the arguments the user passed.
 
 - `assistant_model` sharing the target's vocabulary: `ModelDrafter` (a small LM with its own cache).
-- `assistant_model` with another tokenizer (`tokenizer=` and `assistant_tokenizer=` given): planned.
-- `prompt_lookup_num_tokens`: n-gram lookup in the context, no draft model: planned.
-- `assistant_early_exit=N`: the target's first N layers and its own head as the draft: planned.
+- `assistant_model` with another vocabulary (`tokenizer=` and `assistant_tokenizer=` given):
+  `TranslatingDrafter` (tokens translated through bytes; sampling over the vocabulary intersection).
+- `prompt_lookup_num_tokens`: `PromptLookupDrafter` (n-gram lookup in the context, no draft model).
+- `assistant_early_exit=N`: the target's first N layers and its own head (`core/early_exit.py`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from assisted_backends.core.drafters import Drafter, ModelDrafter
+from assisted_backends.core.early_exit import early_exit_view
+from assisted_backends.core.prompt_lookup import PromptLookupDrafter
 from assisted_backends.core.runner import ModelRunner
+from assisted_backends.core.token_bytes import codec_for
+from assisted_backends.core.translating_drafter import TranslatingDrafter
 
 RunnerFactory = Callable[[PreTrainedModel], ModelRunner]
 
@@ -59,6 +64,11 @@ def validate(spec: DraftSpec, target: PreTrainedModel) -> None:
     ]
     if len(chosen) > 1:
         raise ValueError(f"choose one way of drafting, got {' and '.join(chosen)}")
+    lookup = spec.prompt_lookup_num_tokens
+    if lookup is not None and (isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 1):
+        raise ValueError(
+            f"prompt_lookup_num_tokens must be an integer >= 1 (tokens proposed per round), got {lookup!r}"
+        )
     if (spec.tokenizer is None) != (spec.assistant_tokenizer is None):
         raise ValueError("pass both tokenizer= (the target's) and assistant_tokenizer= (the draft's), or neither")
     if spec.assistant_model is not None and spec.tokenizer is None:
@@ -66,23 +76,50 @@ def validate(spec: DraftSpec, target: PreTrainedModel) -> None:
         if draft_vocab != target_vocab:
             raise ValueError(
                 f"assistant_model has a vocabulary of {draft_vocab} tokens and the target {target_vocab}: "
-                "pass tokenizer= and assistant_tokenizer= so tokens can be translated, or use a draft "
-                "from the target's family"
+                "pass tokenizer= (the target's) and assistant_tokenizer= (the draft's) so tokens can be "
+                "translated, or use a draft from the target's family"
             )
 
 
+def draft_length(spec: DraftSpec, num_assistant_tokens: int) -> int:
+    """γ for the schedule: `prompt_lookup_num_tokens` when lookup drafting, else `num_assistant_tokens`."""
+    return spec.prompt_lookup_num_tokens if spec.prompt_lookup_num_tokens is not None else num_assistant_tokens
+
+
+def needs_translation(spec: DraftSpec, target: PreTrainedModel) -> bool:
+    """True when the draft's tokens must be translated: tokenizers given and vocabularies (or heads) differ."""
+    if spec.assistant_model is None or spec.tokenizer is None:
+        return False
+    same_vocab = spec.tokenizer.get_vocab() == spec.assistant_tokenizer.get_vocab()
+    return not (same_vocab and vocab_size(spec.assistant_model) == vocab_size(target))
+
+
 def build_drafter(
-    spec: DraftSpec, target: PreTrainedModel, prepared_draft: PreTrainedModel | None, make_runner: RunnerFactory
+    spec: DraftSpec,
+    target: PreTrainedModel,
+    prepared_draft: PreTrainedModel | None,
+    make_runner: RunnerFactory,
+    fixed_draft_length: bool = False,
 ) -> Drafter | None:
-    """The drafter for `spec` (None: plain decoding). `prepared_draft` is the backend-prepared assistant."""
+    """The drafter for `spec` (None: plain decoding). `prepared_draft` is the backend-prepared assistant;
+    `fixed_draft_length` (static shapes) asks for exactly γ tokens every round."""
     if spec.prompt_lookup_num_tokens is not None:
-        raise NotImplementedError("prompt_lookup_num_tokens (prompt lookup drafting) is not available yet")
+        return PromptLookupDrafter(vocab_size(target), fixed_length=fixed_draft_length)
     if spec.assistant_early_exit is not None:
-        raise NotImplementedError("assistant_early_exit (self-speculative drafting) is not available yet")
+        return ModelDrafter(make_runner(early_exit_view(target, spec.assistant_early_exit)), name="early_exit")
     if prepared_draft is None:
         return None
-    if spec.tokenizer is not None:
-        raise NotImplementedError(
-            "a draft with another tokenizer (tokenizer=, assistant_tokenizer=) is not available yet"
+    if needs_translation(spec, target):
+        if fixed_draft_length:
+            raise NotImplementedError(
+                "static_shapes=True with a draft of another tokenizer is not supported: its re-tokenized proposals "
+                "and contexts vary in length; drop static_shapes or use a draft sharing the target's tokenizer"
+            )
+        return TranslatingDrafter(
+            make_runner(prepared_draft),
+            target=codec_for(spec.tokenizer),
+            draft=codec_for(spec.assistant_tokenizer),
+            target_vocab=vocab_size(target),
+            draft_vocab=vocab_size(prepared_draft),
         )
     return ModelDrafter(make_runner(prepared_draft))

@@ -79,6 +79,10 @@ class Backend(ABC):
         """'dynamic' or 'static': the layout this device runs fastest with."""
         return "dynamic"
 
+    def cache_layout_for(self, *models: torch.nn.Module | None) -> str:
+        """The layout for these models (target, draft): `cache_layout()` unless one of them cannot use it."""
+        return self.cache_layout()
+
     def padding(self, static_shapes: bool) -> PaddingPolicy:
         """The shape policy; `static_shapes=True` asks for the fixed-shape policy the HPU uses."""
         bucket = self.options.bucket_size or 128

@@ -107,6 +107,13 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         default=None,
         help="draft length γ (default 4)",
     )
+    decoding.add_argument(
+        "--schedule",
+        choices=("adaptive", "constant"),
+        default=None,
+        help="adaptive (default): γ chosen online from measured acceptance and cost, 0 when speculation cannot "
+        "win; constant: always --num-assistant-tokens (the default when that flag is given)",
+    )
     decoding.add_argument(*_both("do_sample"), dest="do_sample", action="store_true")
     decoding.add_argument("--temperature", type=float, default=None)
     decoding.add_argument(*_both("top_k"), dest="top_k", type=int, default=None)

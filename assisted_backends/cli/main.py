@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from assisted_backends.backends.registry import DeviceUnavailableError, discover
@@ -11,6 +12,7 @@ from assisted_backends.cli import benchmark
 from assisted_backends.cli.args import build_parser, validate
 from assisted_backends.cli.loading import CLIError
 from assisted_backends.cli.session import Session, open_session
+from assisted_backends.distributed import is_main_process
 
 DEMO_PROMPT = "import os\nimport sys\n\n\ndef main(argv=None):\n"
 
@@ -90,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         validate(args)
         session = open_session(args)
+        if not is_main_process():  # under deepspeed/torchrun every rank runs the loop; only rank 0 speaks
+            sys.stdout = sys.stderr = open(os.devnull, "w")
+            args.json = args.csv = args.plot = None
         log = sys.stderr
         _print_runtime(session, log)
         (_benchmark_task if args.task == "benchmark" else _generate_task)(session, log)

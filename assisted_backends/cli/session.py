@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 import assisted_backends
+from assisted_backends import distributed
 from assisted_backends.backends import Backend, BackendOptions, resolve_backend
 from assisted_backends.cli.loading import TORCH_DTYPES, default_assistant, load_model, load_tokenizer
 from assisted_backends.demo.pair import BUDGETS, NOTICE, ensure_demo_pair
@@ -52,6 +53,7 @@ class Session:
             top_p=args.top_p,
             repetition_penalty=args.repetition_penalty,
             num_assistant_tokens=args.num_assistant_tokens,
+            schedule=args.schedule,
             seed=args.seed,
             static_shapes=args.static_shapes,
             eos_token_id=[] if ignore_eos else None,
@@ -86,7 +88,13 @@ def open_session(args: argparse.Namespace) -> Session:
     options = BackendOptions(dtype=args.dtype, draft_precision=args.draft_precision, bucket_size=args.bucket_size)
     backend = resolve_backend(args.device, options)
     load_dtype = TORCH_DTYPES.get(args.dtype)
-    target = backend.prepare(load_model(target_name, "-m/--model", load_dtype), "target")
+    target = load_model(target_name, "-m/--model", load_dtype)
+    launch = distributed.launch_context()
+    if launch is not None:  # deepspeed / torchrun: shard the target (AutoTP); every rank keeps a full draft
+        distributed.init_distributed(launch, backend.name)
+        target = distributed.shard_target(target, launch)
+        args.seed = distributed.common_seed(args.seed)
+    target = backend.prepare(target, "target")
     tokenizer = load_tokenizer(target_name, "-m/--model")
     draft = draft_tokenizer = None
     if draft_name is not None:

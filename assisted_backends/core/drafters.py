@@ -62,8 +62,9 @@ class ModelDrafter(Drafter):
 
     name = "draft_model"
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, name: str = "draft_model") -> None:
         self.runner = runner
+        self.name = name
 
     @property
     def forward_count(self) -> int:

@@ -16,7 +16,7 @@ from assisted_backends.core.acceptance import greedy_accept, speculative_accept
 from assisted_backends.core.drafters import Drafter, Proposal
 from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.sampling import TokenSelector, sample
-from assisted_backends.core.schedule import DraftSchedule
+from assisted_backends.core.schedule import DraftSchedule, RoundObservation
 from assisted_backends.core.stats import GenerationStats
 from assisted_backends.core.tokens import TokenBuffer
 
@@ -78,11 +78,13 @@ def decode(
             gamma = min(gamma, remaining - 1)  # never draft what cannot be committed
         start = buffer.length
 
+        round_started = time.perf_counter()
         proposal = drafter.propose(buffer, gamma, selector, generator) if gamma > 0 else Proposal(0)
         if settings.fixed_draft_length and proposal.count != gamma:
             raise RuntimeError(f"{drafter.name} proposed {proposal.count} tokens; static shapes need exactly {gamma}")
         asked, gamma = gamma, proposal.count
         draft = buffer.ids[:, start : start + gamma]  # [B, γ]
+        drafted_at = time.perf_counter()
         logits = target.forward(buffer.ids[:, target.length : start + gamma])  # [B, γ+1, V]
         context = buffer.through(start + gamma)
         if selector.do_sample:
@@ -95,6 +97,7 @@ def decode(
             accepted, next_token = greedy_accept(draft, selector.greedy(logits, context))
 
         n = int(accepted[0])  # the one host sync per round
+        verified_at = time.perf_counter()
         buffer.ids[:, start + n] = next_token
         keep, finished = _commit_count(buffer.ids[:, start : start + min(n + 1, remaining)], settings.eos_token_ids)
         buffer.length = start + keep
@@ -103,8 +106,8 @@ def decode(
         if drafter is not None and asked > 0:
             drafter.rollback(buffer)
         stats.record_round(gamma, n)
-        if schedule is not None and asked > 0:
-            schedule.update(gamma, n)
+        if schedule is not None:
+            schedule.update(RoundObservation(gamma, n, drafted_at - round_started, verified_at - drafted_at))
 
     settings.synchronize()
     finished_at = time.perf_counter()

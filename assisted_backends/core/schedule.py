@@ -1,15 +1,35 @@
-"""Draft-length schedules: how many tokens γ to draft in the next round."""
+"""Draft-length schedules: how many tokens γ to draft in the next round.
+
+The adaptive schedule follows Leviathan et al. (2023): with per-token acceptance α a round that
+drafts γ tokens yields E[tokens] = (1 − α^(γ+1)) / (1 − α) and costs γ·t_d + t_v(γ+1), where t_d is
+one draft step and t_v(q) one target pass over q tokens. It picks the γ with the highest expected
+tokens per second, γ = 0 (plain decoding) included, from α and times measured online on the device;
+while γ = 0 wins it probes with γ = 1 now and then, so a rising α is noticed.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
+
+SCHEDULE_NAMES = ("adaptive", "constant")
+
+
+@dataclass(frozen=True)
+class RoundObservation:
+    """What one round cost and yielded. γ = `drafted` (0 in a plain round)."""
+
+    drafted: int
+    accepted: int
+    draft_s: float  # wall time of the γ draft steps (0 when γ = 0)
+    verify_s: float  # wall time of the target pass over γ + 1 tokens, acceptance included
 
 
 class DraftSchedule(Protocol):
     def draft_length(self) -> int:
         """γ for the next round (0 means: no speculation this round)."""
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, observation: RoundObservation) -> None:
         """Learn from the round that just ended."""
 
 
@@ -24,5 +44,117 @@ class ConstantSchedule:
     def draft_length(self) -> int:
         return self.gamma
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, observation: RoundObservation) -> None:
         return None
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[tokens per round] = (1 − α^(γ+1)) / (1 − α): accepted drafts plus the target's own token."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
+    """S = (1 − α^(γ+1)) / ((1 − α)(γc + 1)): the walltime speedup when a target pass costs the same for any γ."""
+    return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+
+
+class _Ema:
+    """Exponential moving average; None until the first sample."""
+
+    def __init__(self, weight: float) -> None:
+        self.weight = weight
+        self.value: float | None = None
+
+    def add(self, sample: float) -> None:
+        self.value = sample if self.value is None else (1 - self.weight) * self.value + self.weight * sample
+
+
+class AdaptiveSchedule:
+    """Chooses γ ∈ {0, …, γ_max} maximising E[tokens] / (γ·t_d + t_v(γ+1)).
+
+    α is the decayed success ratio of verification decisions (a round with n of γ accepted shows n
+    successes and, if n < γ, one failure), with a Beta(1, 1) prior. t_v(q) is modelled as
+    t_v(1) + (q − 1)·b: t_v(1) from plain rounds, b from speculative ones. The first round is plain
+    (measures t_v(1)), the second drafts `initial` tokens; a switch to speculation must beat plain
+    decoding by `margin`, so break-even pairs (c ≈ α) stay plain.
+    """
+
+    def __init__(
+        self, max_gamma: int = 8, initial: int = 3, probe_every: int = 16, margin: float = 0.03, decay: float = 0.9
+    ) -> None:
+        if max_gamma < 1:
+            raise ValueError(f"num_assistant_tokens (the adaptive schedule's maximum γ) must be >= 1, got {max_gamma}")
+        self.max_gamma = max_gamma
+        self.initial = min(initial, max_gamma)
+        self.probe_every = probe_every
+        self.margin = margin
+        self.decay = decay
+        self.successes = 0.0
+        self.failures = 0.0
+        self.draft_step = _Ema(0.3)  # t_d
+        self.plain_pass = _Ema(0.3)  # t_v(1)
+        self.per_extra_token = _Ema(0.3)  # b
+        self.rounds = 0
+        self.plain_streak = 0
+        self.chosen: list[int] = []  # γ of every round, for statistics and tests
+
+    @property
+    def alpha(self) -> float:
+        return (self.successes + 1.0) / (self.successes + self.failures + 2.0)
+
+    def verify_cost(self, gamma: int) -> float:
+        base = self.plain_pass.value or 0.0
+        return base + gamma * (self.per_extra_token.value or 0.0)
+
+    def tokens_per_second(self, gamma: int) -> float:
+        if gamma == 0:
+            return 1.0 / max(self.verify_cost(0), 1e-9)
+        cost = gamma * (self.draft_step.value or 0.0) + self.verify_cost(gamma)
+        return expected_tokens(self.alpha, gamma) / max(cost, 1e-9)
+
+    def best_gamma(self) -> int:
+        best = max(range(1, self.max_gamma + 1), key=self.tokens_per_second)
+        return best if self.tokens_per_second(best) > (1 + self.margin) * self.tokens_per_second(0) else 0
+
+    def draft_length(self) -> int:
+        if self.rounds == 0:
+            gamma = 0  # measure t_v(1)
+        elif self.draft_step.value is None:
+            gamma = self.initial  # measure α, t_d and b
+        else:
+            gamma = self.best_gamma()
+            if gamma == 0 and self.plain_streak >= self.probe_every:
+                gamma = 1  # probe: has α risen?
+        self.chosen.append(gamma)
+        return gamma
+
+    def update(self, observation: RoundObservation) -> None:
+        self.rounds += 1
+        gamma, accepted = observation.drafted, observation.accepted
+        if gamma == 0:
+            self.plain_pass.add(observation.verify_s)
+            self.plain_streak += 1
+            return
+        self.plain_streak = 0
+        self.successes = self.decay * self.successes + accepted
+        self.failures = self.decay * self.failures + (1.0 if accepted < gamma else 0.0)
+        self.draft_step.add(observation.draft_s / gamma)
+        if self.plain_pass.value is not None:
+            self.per_extra_token.add(max(0.0, observation.verify_s - self.plain_pass.value) / gamma)
+
+
+def make_schedule(
+    name: str | None, num_assistant_tokens: int | None, fixed_shapes: bool, default_gamma: int, max_gamma: int
+) -> DraftSchedule:
+    """`constant` when γ is fixed by the user or by static shapes, else `adaptive` (the default)."""
+    if name is not None and name not in SCHEDULE_NAMES:
+        raise ValueError(f"schedule={name!r} is not one of {SCHEDULE_NAMES}")
+    if name == "adaptive" and fixed_shapes:
+        raise ValueError("schedule='adaptive' varies γ, which static shapes forbid; use schedule='constant'")
+    if name is None:
+        name = "constant" if (num_assistant_tokens is not None or fixed_shapes) else "adaptive"
+    if name == "constant":
+        return ConstantSchedule(num_assistant_tokens or default_gamma)
+    return AdaptiveSchedule(max_gamma=num_assistant_tokens or max_gamma)

@@ -26,6 +26,7 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     drafter: str = "none"
+    schedule: str = "none"
     cache_layout: str = "dynamic"
     backend: str = "cpu"
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# IPEX lane: the whole test suite on the stack Intel validated for intel-extension-for-pytorch 2.8
+# (its last release): torch 2.8.0 + IPEX 2.8.0 + transformers 4.51.3.
+#
+# Builds its virtual environment from scratch (about 3 minutes and 7 GB here: the torch 2.8.0 wheel
+# on PyPI is the CUDA build, which imports and runs fine on a CPU-only machine), installs the package
+# with its test extra, checks that IPEX really imports, then runs pytest. With
+# ASSISTED_BACKENDS_IPEX=on the CPU backend fails loudly if IPEX does not load, so a broken IPEX can
+# never pass as the native path.
+#
+#   .ci/lanes/ipex.sh                 # venv in /tmp/venv-ipex, removed and rebuilt every time
+#   IPEX_VENV=/path .ci/lanes/ipex.sh  # somewhere else
+#   KEEP_VENV=1 .ci/lanes/ipex.sh      # reuse an existing venv (local iteration only)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+venv=${IPEX_VENV:-/tmp/venv-ipex}
+python=${PYTHON:-python3}
+
+if [ "${KEEP_VENV:-0}" != "1" ] || [ ! -x "$venv/bin/python" ]; then
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  # One resolver run, everything pinned that IPEX cares about.
+  "$venv/bin/python" -m pip install -q \
+    "torch==2.8.0" "intel-extension-for-pytorch==2.8.0" "transformers==4.51.3" \
+    "pytest>=7.4" "tokenizers>=0.19" "ruff>=0.5"
+fi
+# The package itself, without letting pip touch the pins above.
+"$venv/bin/python" -m pip install -q --no-deps -e .
+
+"$venv/bin/python" - <<'PY'
+import torch, transformers, intel_extension_for_pytorch as ipex
+print(f"torch {torch.__version__}, transformers {transformers.__version__}, ipex {ipex.__version__}")
+PY
+
+export ASSISTED_BACKENDS_IPEX=${ASSISTED_BACKENDS_IPEX:-on}
+set +e
+"$venv/bin/python" -m pytest -q "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests: failing the lane" >&2
+  exit 1
+fi
+exit "$status"

@@ -1,0 +1,73 @@
+"""Prompt lookup drafting: no draft model, the context itself is the draft.
+
+For n = max_ngram down to 1: take the last n committed tokens x_{L-n..L-1}; find the *latest*
+earlier position i with x_{i..i+n-1} equal to them and propose what followed, x_{i+n..i+n+γ-1}
+(clipped at the committed end). The drafter is deterministic, so when sampling q is a point mass
+on each proposed token and the lossless rule accepts token x with probability p(x).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from assisted_backends.core.drafters import Drafter, Proposal
+from assisted_backends.core.sampling import TokenSelector
+from assisted_backends.core.tokens import TokenBuffer
+
+DEFAULT_MAX_NGRAM = 3
+
+
+def lookup(ids: torch.Tensor, max_ngram: int, count: int) -> torch.Tensor:
+    """Continuation [≤ count] of the latest earlier match of the longest matching suffix n-gram of `ids` [L]."""
+    length = ids.shape[0]
+    for n in range(min(max_ngram, length - 1), 0, -1):
+        pattern = ids[length - n :]  # [n]
+        windows = ids[: length - 1].unfold(0, n, 1)  # [L - n, n]; start i keeps i + n <= L - 1
+        starts = (windows == pattern).all(dim=1).nonzero()
+        if starts.numel():
+            begin = int(starts[-1, 0]) + n
+            return ids[begin : begin + count]
+    return ids[:0]
+
+
+class PromptLookupDrafter(Drafter):
+    """Proposes up to γ tokens copied from the context; with `fixed_length` always exactly γ.
+
+    Under fixed length a short (or missing) match is filled up by repeating the last token (a
+    point mass like the rest: correctness never depends on what is proposed).
+    """
+
+    name = "prompt_lookup"
+
+    def __init__(self, vocab_size: int, max_ngram: int = DEFAULT_MAX_NGRAM, fixed_length: bool = False) -> None:
+        if max_ngram < 1:
+            raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
+        self.vocab_size = vocab_size
+        self.max_ngram = max_ngram
+        self.fixed_length = fixed_length
+
+    @property
+    def forward_count(self) -> int:
+        return 0
+
+    def prefill(self, buffer: TokenBuffer) -> None:
+        return None
+
+    def rollback(self, buffer: TokenBuffer) -> None:
+        return None  # stateless: every proposal reads the committed tokens afresh
+
+    def propose(
+        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
+    ) -> Proposal:
+        start = buffer.length
+        found = lookup(buffer.committed()[0], self.max_ngram, gamma)  # [≤ γ]
+        count = gamma if self.fixed_length else found.shape[0]
+        buffer.ids[0, start : start + found.shape[0]] = found
+        if count > found.shape[0]:
+            last = buffer.ids[0, start + found.shape[0] - 1]
+            buffer.ids[0, start + found.shape[0] : start + count] = last
+        if not selector.do_sample or count == 0:
+            return Proposal(count, None)
+        draft = buffer.ids[:, start : start + count]  # [B, count]
+        q = torch.nn.functional.one_hot(draft, self.vocab_size).float()  # [B, count, V]
+        return Proposal(count, q)

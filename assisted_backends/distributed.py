@@ -1,0 +1,162 @@
+"""Multi-card launches: DeepSpeed AutoTP shards the target, every rank keeps a full draft replica.
+
+`deepspeed --num_gpus N ...` and `torchrun --nproc_per_node N ...` both set WORLD_SIZE, RANK and
+LOCAL_RANK; `launch_context()` reads them. The flow a front end follows:
+
+    context = launch_context()               # None: a plain single-process run
+    if context is not None:
+        init_distributed(context, device)    # hccl on hpu, gloo on cpu
+        target = shard_target(target, context)
+    seed = common_seed(seed)                 # every rank must draw the same random numbers
+    ... assisted_backends.generate(target, ..., assistant_model=draft, seed=seed)
+    if is_main_process(): print(...)
+
+Every rank runs the whole loop on identical tokens: the sharded forward all-reduces inside the
+target, so logits (and thus accept decisions) agree across ranks and shapes stay in lockstep.
+deepspeed (and habana_frameworks on hpu) are imported inside these functions only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+DIST_BACKENDS = {"hpu": "hccl", "cpu": "gloo", "cuda": "nccl"}
+_INSTALL_HINT = "pip install assisted_backends[deepspeed]"
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """Where this process sits in a distributed launch (set by `deepspeed` or `torchrun`)."""
+
+    world_size: int
+    rank: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    value = environ.get(name)
+    if value is None:
+        if default is None:
+            raise RuntimeError(f"{name} is not set although WORLD_SIZE is; launch with `deepspeed` or `torchrun`")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} must be an integer") from None
+
+
+def launch_context(environ: Mapping[str, str] | None = None) -> LaunchContext | None:
+    """The launch this process belongs to, or None when it runs alone (WORLD_SIZE unset or 1)."""
+    environ = os.environ if environ is None else environ
+    world_size = _env_int(environ, "WORLD_SIZE", 1)
+    if world_size <= 1:
+        return None
+    rank = _env_int(environ, "RANK")
+    local_rank = _env_int(environ, "LOCAL_RANK", rank)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"RANK={rank} is outside [0, WORLD_SIZE={world_size})")
+    return LaunchContext(world_size=world_size, rank=rank, local_rank=local_rank)
+
+
+def is_main_process() -> bool:
+    """True on rank 0 and in single-process runs: only this process should print or write files."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank() == 0
+    context = launch_context()
+    return context is None or context.is_main
+
+
+def _import_deepspeed(device: str):
+    os.environ.setdefault("DS_ACCELERATOR", device)  # never let DeepSpeed guess another accelerator
+    try:
+        import deepspeed
+    except ImportError as error:
+        raise ImportError(f"a multi-process launch needs DeepSpeed: {_INSTALL_HINT} ({error})") from error
+    return deepspeed
+
+
+def _skip_shared_memory_all_reduce(deepspeed) -> None:
+    """Make DeepSpeed all-reduce through the process group (gloo/hccl), never its CPU shared-memory kernel.
+
+    DeepSpeed JIT-builds and loads that kernel while it joins the process group, if its op table
+    marks it compatible; marking it incompatible first means it is never compiled nor loaded, and
+    `inference_all_reduce` falls back to `torch.distributed.all_reduce`. The kernel crashed on the
+    Xeon hosts this was developed on, costs a C++ build on first use, and has no role with hccl.
+    """
+    compatible = deepspeed.ops.__compatible_ops__  # probed once per process, then cached in the module
+    for name in list(compatible):
+        if name.endswith("shm_comm"):
+            compatible[name] = False
+
+
+def _check_no_shared_memory_kernel(deepspeed) -> None:
+    backend = getattr(deepspeed.comm.comm, "cdb", None)
+    if getattr(backend, "shm_comm_op", None) is not None:
+        raise RuntimeError("DeepSpeed loaded its shared-memory all-reduce although it was disabled; report this")
+
+
+def init_distributed(context: LaunchContext, device: str) -> None:
+    """Join the process group: `hccl` on hpu, `gloo` on cpu (`nccl` on cuda). Idempotent."""
+    if device not in DIST_BACKENDS:
+        raise ValueError(f"device={device!r} has no distributed backend; choose one of {sorted(DIST_BACKENDS)}")
+    if device == "hpu":
+        try:
+            import habana_frameworks.torch.distributed.hccl  # noqa: F401  (registers the hccl backend)
+        except ImportError as error:
+            raise ImportError(
+                f"device='hpu' needs habana_frameworks: pip install assisted_backends[gaudi] ({error})"
+            ) from error
+    deepspeed = _import_deepspeed(device)
+    _skip_shared_memory_all_reduce(deepspeed)
+    deepspeed.init_distributed(
+        dist_backend=DIST_BACKENDS[device], rank=context.rank, world_size=context.world_size, verbose=False
+    )
+    _check_no_shared_memory_kernel(deepspeed)
+    world = torch.distributed.get_world_size()
+    if world != context.world_size:
+        raise RuntimeError(f"process group has {world} ranks but WORLD_SIZE={context.world_size}")
+
+
+def shard_target(model: torch.nn.Module, context: LaunchContext, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Tensor-parallel target over all ranks with DeepSpeed AutoTP (no kernel injection).
+
+    Linear layers are split across `world_size` ranks and their partial outputs all-reduced, so
+    the returned module computes the same logits as `model` on every rank. Call after
+    `init_distributed`. The draft is never sharded: it is small and each rank runs a full replica.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        raise RuntimeError("shard_target needs the process group: call init_distributed(context, device) first")
+    import deepspeed  # imported by init_distributed already; a cheap lookup here
+
+    dtype = dtype or next(model.parameters()).dtype
+    engine = deepspeed.init_inference(
+        model,
+        tensor_parallel={"tp_size": context.world_size},
+        dtype=dtype,
+        replace_with_kernel_inject=False,
+    )
+    return engine.module
+
+
+def common_seed(seed: int | None) -> int | None:
+    """The same seed on every rank: rank 0's choice is broadcast when none was given.
+
+    Sampling ranks that draw different numbers would feed different tokens into one collective
+    forward; a shared seed keeps them in lockstep. Outside a process group `seed` is returned as is.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return seed
+    if seed is not None:
+        return seed
+    device = "hpu" if torch.distributed.get_backend() == "hccl" else "cpu"  # hccl moves device tensors only
+    chosen = torch.randint(0, 2**31 - 1, (1,), device=device)
+    torch.distributed.broadcast(chosen, src=0)
+    return int(chosen)

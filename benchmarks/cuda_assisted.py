@@ -1,0 +1,220 @@
+"""One run, one pair, four ways of decoding on a GPU: which is fastest at the same greedy output.
+
+Modes (interleaved A/B: every repeat runs each mode once, in order; medians reported):
+  plain        the target's own `model.generate` (greedy, dynamic cache)
+  hf_assisted  transformers' assisted `generate(assistant_model=draft)`, constant γ
+  ours_dynamic assisted_backends on cuda, dynamic cache, eager steps
+  ours_graphs  assisted_backends on cuda, static cache, fixed γ, CUDA-graph-captured steps
+Speedups are against `plain` and `hf_assisted`; Leviathan et al.'s expected speedup S is computed
+from the measured α, γ and c = t_draft / t_target (one decode step each, timed here).
+
+    python benchmarks/cuda_assisted.py --json benchmarks/results/cuda_assisted.json
+    python benchmarks/cuda_assisted.py --target path/to/target --draft path/to/draft --dtype bf16
+
+Without --target/--draft a random Llama pair is built from configs (no downloads): the draft is the
+target's first layer with its embeddings and head, and the target's later layers have their output
+projections scaled by --residual-scale, so the two agree often (a mechanics benchmark, not text). `--device cpu`
+is a smoke test of the script itself (the graph mode needs CUDA and is skipped there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+import assisted_backends
+from assisted_backends.backends.base import BackendOptions
+from assisted_backends.backends.cpu import CPUBackend
+from assisted_backends.backends.cuda import DTYPES, CUDABackend
+
+
+def random_pair(
+    hidden: int, layers: int, vocab: int, seed: int, residual_scale: float
+) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 256),
+        max_position_embeddings=4096,
+    )
+    torch.manual_seed(seed)
+    target = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # later layers add little to the residual stream, so layer 0 alone agrees often
+        for layer in target.model.layers[1:]:
+            layer.self_attn.o_proj.weight.mul_(residual_scale)
+            layer.mlp.down_proj.weight.mul_(residual_scale)
+    draft = copy.deepcopy(target)
+    draft.model.layers = draft.model.layers[:1]
+    draft.config.num_hidden_layers = 1
+    return target, draft
+
+
+def load_pair(args) -> tuple[torch.nn.Module, torch.nn.Module]:
+    if (args.target is None) != (args.draft is None):
+        raise SystemExit("pass both --target and --draft, or neither (a random pair is built)")
+    if args.target:
+        return AutoModelForCausalLM.from_pretrained(args.target), AutoModelForCausalLM.from_pretrained(args.draft)
+    return random_pair(args.hidden, args.layers, args.vocab, args.seed, args.residual_scale)
+
+
+def make_runners(args, target, draft, prompt, sync):
+    gamma, new = args.num_assistant_tokens, args.max_new_tokens
+    ones = torch.ones_like(prompt)
+    draft.generation_config.num_assistant_tokens = gamma
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    on_cuda = args.device == "cuda"
+    dynamic = CUDABackend(BackendOptions(graphs=False)) if on_cuda else CPUBackend()
+    graphed = CUDABackend(BackendOptions(graphs=True, bucket_size=args.bucket_size)) if on_cuda else None
+
+    def hf(assistant):
+        with torch.inference_mode():
+            out = target.generate(
+                prompt, attention_mask=ones, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                assistant_model=assistant, pad_token_id=0,
+            )  # fmt: skip
+        return out, None
+
+    def ours(backend, static):
+        result = assisted_backends.generate(
+            target, prompt, assistant_model=draft, max_new_tokens=new, num_assistant_tokens=gamma,
+            cache_layout="static" if static else "dynamic", static_shapes=static, backend=backend,
+        )  # fmt: skip
+        return result.sequences, result.stats
+
+    runners = {
+        "plain": lambda: hf(None),
+        "hf_assisted": lambda: hf(draft),
+        "ours_dynamic": lambda: ours(dynamic, False),
+    }
+    if graphed is not None:
+        runners["ours_graphs"] = lambda: ours(graphed, True)
+    return runners
+
+
+def step_cost_ratio(target, draft, prompt, repeats: int, sync) -> float:
+    """c = one draft decode step / one target decode step (dynamic cache, after the prompt)."""
+
+    def one_step_time(model) -> float:
+        times = []
+        with torch.inference_mode():
+            for _ in range(repeats):
+                out = model(prompt, use_cache=True)
+                token = out.logits[:, -1:].argmax(-1)
+                sync()
+                start = time.perf_counter()
+                model(token, past_key_values=out.past_key_values, use_cache=True)
+                sync()
+                times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    return one_step_time(draft) / one_step_time(target)
+
+
+def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
+    """S = (1 − α^(γ+1)) / ((1 − α)(γc + 1)); α = 1 gives (γ+1)/(γc+1)."""
+    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (gamma * c + 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--target")
+    parser.add_argument("--draft")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--residual-scale", type=float, default=0.05, help="random pair: scale of layers 1.. outputs")
+    parser.add_argument("--prompt-length", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--num-assistant-tokens", type=int, default=4)
+    parser.add_argument("--bucket-size", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run on a GPU machine, or pass --device cpu for a smoke test")
+
+    dtype = DTYPES[args.dtype]
+    target, draft = load_pair(args)
+    target, draft = target.to(args.device, dtype).eval(), draft.to(args.device, dtype).eval()
+    prompt = torch.randint(0, target.config.vocab_size, (1, args.prompt_length), device=args.device)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    runners = make_runners(args, target, draft, prompt, sync)
+
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    outputs, stats = {}, {}
+    for repeat in range(args.warmup + args.repeats):
+        for name, run in runners.items():
+            sync()
+            start = time.perf_counter()
+            outputs[name], stats[name] = run()
+            sync()
+            if repeat >= args.warmup:
+                times[name].append(time.perf_counter() - start)
+
+    c = step_cost_ratio(target, draft, prompt, args.repeats, sync)
+    reference = outputs["plain"]
+    ours_stats = stats["ours_dynamic"]
+    alpha = ours_stats.acceptance_rate
+    rows = []
+    for name, samples in times.items():
+        median = statistics.median(samples)
+        rows.append(
+            {
+                "mode": name,
+                "median_s": median,
+                "tokens_per_s": args.max_new_tokens / median,
+                "speedup_vs_plain": statistics.median(times["plain"]) / median,
+                "speedup_vs_hf_assisted": statistics.median(times["hf_assisted"]) / median,
+                "same_tokens_as_plain": bool(torch.equal(outputs[name], reference)),
+                "samples_s": samples,
+            }
+        )
+    expected = leviathan_speedup(alpha, args.num_assistant_tokens, c)
+    print(f"{'mode':<14}{'median ms':>11}{'tok/s':>9}{'vs plain':>10}{'vs hf':>8}  same tokens")
+    for row in rows:
+        print(
+            f"{row['mode']:<14}{1e3 * row['median_s']:>11.1f}{row['tokens_per_s']:>9.1f}"
+            f"{row['speedup_vs_plain']:>9.2f}x{row['speedup_vs_hf_assisted']:>7.2f}x  {row['same_tokens_as_plain']}"
+        )
+    print(f"alpha={alpha:.3f} gamma={args.num_assistant_tokens} c={c:.3f} Leviathan S={expected:.2f}")
+    if args.json:
+        result = {
+            "command_args": vars(args),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": {
+                "platform": platform.platform(),
+                "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+                "torch": torch.__version__,
+                "torch_cuda": torch.version.cuda,
+                "transformers": transformers.__version__,
+            },
+            "alpha": alpha,
+            "mean_accepted_length": ours_stats.mean_accepted_length,
+            "c": c,
+            "leviathan_speedup": expected,
+            "rows": rows,
+        }
+        with open(args.json, "w") as handle:
+            json.dump(result, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Shared pieces of the xeon_* benchmarks: timing, a JSON writer, and a small trained pair.
+
+The pair is byte-level (vocabulary 256, no tokenizer to train) on the Python standard library's own
+source: a 4-layer x 256 Llama target and a 1-layer x 128 draft trained on the same batches for a fixed
+number of steps, so the draft agrees with the target often but not always (a real acceptance rate,
+not a copy's). Weights are cached under $ASSISTED_BACKENDS_CACHE (default ~/.cache/assisted_backends).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from assisted_backends.xeon import affinity, cpu_features  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_ms(samples: list[float]) -> float:
+    return round(1000 * statistics.median(samples), 4)
+
+
+def interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Time every case `repeats` times, round-robin (so drift and neighbours hit all cases alike)."""
+    for _ in range(warmup):
+        for run in cases.values():
+            run()
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, run in cases.items():
+            start = time.perf_counter()
+            run()
+            samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def machine() -> dict[str, str]:
+    import transformers
+
+    features = cpu_features.detect()
+    info = {
+        "cpu": features.summary(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": sysconfig.get_platform(),
+        "load_average_1m": f"{os.getloadavg()[0]:.2f}",
+    }
+    info.update(affinity.placement().as_dict())
+    return info
+
+
+def write_result(name: str, command: str, payload: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    document = {"command": command, "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    document["machine"] = machine()
+    document.update(payload)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path
+
+
+def llama(hidden: int, layers: int, vocab: int, heads: int = 8, max_positions: int = 2048) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=(hidden * 8 // 3 + 63) // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        max_position_embeddings=max_positions,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+# --- the trained pair --------------------------------------------------------------------------------
+
+PAIR_STEPS = 600
+PAIR_SEQ = 128
+PAIR_BATCH = 16
+
+
+def _corpus(max_bytes: int = 4_000_000) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bytes of the standard library's .py files: (train, held-out)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(root.rglob("*.py")):
+        if "test" in path.parts or "site-packages" in path.parts:
+            continue
+        data = path.read_bytes()
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    data = torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8).long()
+    split = int(0.95 * len(data))
+    return data[:split], data[split:]
+
+
+def _train(model: LlamaForCausalLM, train: torch.Tensor, steps: int, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    model.train()
+    for step in range(steps):
+        lr_scale = min(1.0, (step + 1) / 30) * (0.1 + 0.9 * (1 - step / steps))
+        for group in optimizer.param_groups:
+            group["lr"] = 3e-3 * lr_scale
+        starts = torch.randint(0, len(train) - PAIR_SEQ - 1, (PAIR_BATCH,), generator=generator)
+        batch = torch.stack([train[s : s + PAIR_SEQ + 1] for s in starts.tolist()])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=batch[:, :-1], labels=batch[:, 1:].clone()).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    model.eval()
+
+
+def trained_pair(steps: int = PAIR_STEPS) -> tuple[LlamaForCausalLM, LlamaForCausalLM, torch.Tensor]:
+    """(target, draft, held-out bytes) — trained once (a minute or two on 2 cores), then loaded from the cache."""
+    cache = Path(os.environ.get("ASSISTED_BACKENDS_CACHE", Path.home() / ".cache" / "assisted_backends"))
+    directory = cache / f"xeon_bench_pair_v1_{steps}"
+    train, held_out = _corpus()
+    if (directory / "target" / "config.json").exists() and (directory / "draft" / "config.json").exists():
+        target = LlamaForCausalLM.from_pretrained(directory / "target").eval()
+        draft = LlamaForCausalLM.from_pretrained(directory / "draft").eval()
+        return target, draft, held_out
+    torch.manual_seed(0)
+    target = llama(hidden=256, layers=4, vocab=256, heads=4)
+    torch.manual_seed(1)
+    draft = llama(hidden=128, layers=1, vocab=256, heads=2)
+    started = time.perf_counter()
+    _train(target, train, steps, seed=0)
+    _train(draft, train, steps, seed=0)
+    print(f"trained the pair in {time.perf_counter() - started:.0f} s; cached in {directory}", flush=True)
+    target.save_pretrained(directory / "target")
+    draft.save_pretrained(directory / "draft")
+    return target, draft, held_out
+
+
+def prompts(held_out: torch.Tensor, count: int, length: int, seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(held_out) - length, (count,), generator=generator).tolist()
+    return [held_out[s : s + length][None, :].clone() for s in starts]

@@ -1,0 +1,192 @@
+"""FAKE `habana_frameworks`: a recording stand-in for the Intel Gaudi PyTorch bridge (tests only).
+
+Nothing here talks to a Gaudi. It serves the module names and functions the HPU backend uses, with
+the real signatures, and records what was called so tests can check the backend's conformance:
+- `habana_frameworks.torch.core.mark_step()`
+- `habana_frameworks.torch.hpu`: `is_available`, `synchronize`, `wrap_in_hpu_graph`, `memory_allocated`,
+  `max_memory_allocated`, `random.manual_seed`
+- `habana_frameworks.torch.utils.internal.is_lazy()`
+- the "hpu_backend" torch.compile backend (registered when `habana_frameworks.torch` is imported,
+  as the real bridge does); it records each compiled graph and runs it eagerly.
+
+`wrap_in_hpu_graph` replaces `module.forward` like the real one, keys "graphs" the way the real one
+does (shape/dtype/device of every tensor argument, hash of every other argument) and honours
+`bypass_hpu_graphs=True`; it runs the original forward every time and counts captures and replays.
+
+The fake is served through an import hook installed by `install()`, so every import of a
+`habana_frameworks` module is recorded too; `uninstall()` removes the hook and the modules.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+PACKAGE = "habana_frameworks"
+_MODULES = (
+    PACKAGE,
+    f"{PACKAGE}.torch",
+    f"{PACKAGE}.torch.core",
+    f"{PACKAGE}.torch.hpu",
+    f"{PACKAGE}.torch.hpu.random",
+    f"{PACKAGE}.torch.utils",
+    f"{PACKAGE}.torch.utils.internal",
+)
+
+
+def _signature(value) -> object:
+    """What the real wrap_in_hpu_graph hashes: tensor metadata, or the object itself."""
+    if isinstance(value, dict):
+        return tuple((key, _signature(item)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(_signature(item) for item in value)
+    if torch.is_tensor(value):
+        return (tuple(value.shape), value.dtype, value.device.type)
+    return ("object", id(value)) if not isinstance(value, (int, float, str, bool, type(None))) else value
+
+
+@dataclass
+class FakeHabana:
+    """The recording: `calls` in order, `imports` of fake modules, HPU-graph captures per wrapped module."""
+
+    device_present: bool = True
+    lazy: bool = True
+    calls: list[str] = field(default_factory=list)
+    imports: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    wrapped: list[torch.nn.Module] = field(default_factory=list)
+    captured: dict[int, list[object]] = field(default_factory=dict)  # id(module) -> signatures captured
+    replays: dict[int, int] = field(default_factory=dict)
+    bypassed: dict[int, int] = field(default_factory=dict)
+    compiled_graphs: int = 0
+
+    def count(self, name: str) -> int:
+        return self.calls.count(name)
+
+    # -- the fake API ------------------------------------------------------------------------
+
+    def mark_step(self) -> None:
+        self.calls.append("mark_step")
+
+    def synchronize(self) -> None:
+        self.calls.append("synchronize")
+
+    def is_available(self) -> bool:
+        self.calls.append("is_available")
+        return self.device_present
+
+    def is_lazy(self) -> bool:
+        return self.lazy
+
+    def manual_seed(self, seed: int) -> None:
+        self.calls.append("manual_seed")
+        self.seeds.append(seed)
+
+    def memory_allocated(self) -> int:
+        return 1024
+
+    def max_memory_allocated(self) -> int:
+        return 2048
+
+    def wrap_in_hpu_graph(self, module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs=None):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError("wrap_in_hpu_graph expects a torch.nn.Module")
+        self.calls.append("wrap_in_hpu_graph")
+        self.wrapped.append(module)
+        key = id(module)
+        graphs: dict[object, bool] = {}
+        self.captured[key], self.replays[key], self.bypassed[key] = [], 0, 0
+        original = module.forward
+
+        def forward(*args, **kwargs):
+            if kwargs.pop("bypass_hpu_graphs", False):
+                self.bypassed[key] += 1
+                return original(*args, **kwargs)
+            signature = _signature((args, kwargs))
+            if signature in graphs:
+                self.replays[key] += 1
+            else:
+                graphs[signature] = True
+                self.captured[key].append(signature)
+            return original(*args, **kwargs)
+
+        def clear_cache():
+            self.calls.append("clear_cache")
+            graphs.clear()
+
+        module.forward = forward
+        module.clear_cache = clear_cache
+        return module
+
+    def hpu_backend(self, graph_module, example_inputs):
+        self.compiled_graphs += 1
+        return graph_module.forward
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, fake: FakeHabana) -> None:
+        self.fake = fake
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _MODULES:
+            return None
+        is_package = fullname in (PACKAGE, f"{PACKAGE}.torch", f"{PACKAGE}.torch.hpu", f"{PACKAGE}.torch.utils")
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
+
+    def create_module(self, spec):
+        return types.ModuleType(spec.name, "FAKE habana_frameworks module (tests/fakes/habana_fake.py)")
+
+    def exec_module(self, module) -> None:
+        fake, name = self.fake, module.__name__
+        fake.imports.append(name)
+        if name == f"{PACKAGE}.torch":
+            _register_compile_backend(fake)
+        elif name == f"{PACKAGE}.torch.core":
+            module.mark_step = fake.mark_step
+        elif name == f"{PACKAGE}.torch.hpu":
+            module.is_available = fake.is_available
+            module.synchronize = fake.synchronize
+            module.wrap_in_hpu_graph = fake.wrap_in_hpu_graph
+            module.memory_allocated = fake.memory_allocated
+            module.max_memory_allocated = fake.max_memory_allocated
+        elif name == f"{PACKAGE}.torch.hpu.random":
+            module.manual_seed = fake.manual_seed
+        elif name == f"{PACKAGE}.torch.utils.internal":
+            module.is_lazy = fake.is_lazy
+
+
+_CURRENT: list[FakeHabana] = []  # the installed recording, if any
+
+
+def _fake_hpu_backend(graph_module, example_inputs):
+    if not _CURRENT:
+        raise RuntimeError("the FAKE hpu_backend was used while no fake habana_frameworks is installed")
+    return _CURRENT[0].hpu_backend(graph_module, example_inputs)
+
+
+def _register_compile_backend(fake: FakeHabana) -> None:
+    from torch._dynamo.backends import registry
+
+    if "hpu_backend" not in registry._COMPILER_FNS:  # registered once per process, dispatching to _CURRENT
+        torch._dynamo.register_backend(compiler_fn=_fake_hpu_backend, name="hpu_backend")
+
+
+def install(**settings) -> FakeHabana:
+    """Serve the fake `habana_frameworks` to imports from now on; returns the recording."""
+    uninstall()
+    fake = FakeHabana(**settings)
+    _CURRENT.append(fake)
+    sys.meta_path.insert(0, _Finder(fake))
+    return fake
+
+
+def uninstall() -> None:
+    _CURRENT.clear()
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _Finder)]
+    for name in [name for name in sys.modules if name == PACKAGE or name.startswith(PACKAGE + ".")]:
+        del sys.modules[name]

@@ -1,0 +1,221 @@
+"""Graph-capture bookkeeping (core/graphs.py) and the CUDA backend's decisions, on CPU.
+
+The device is replaced by `RecordingFakeGraphRuntime`, a FAKE of CUDA graphs: its capture *does*
+run the step (a real capture runs nothing) and hands back an output buffer full of NaN (a real
+captured output holds garbage until the first replay); its replay re-runs the recorded step
+eagerly on the captured static buffers and writes into that same output buffer. So on CPU these
+tests prove what the bookkeeping controls: which calls are captured or replayed, that replays read
+the new inputs through the static buffers, that capture leaves the KV cache's write position where
+the eager step did, and that greedy output stays identical to the target's own `generate`. What
+they cannot prove (values baked into a real graph, host syncs) is tested in test_cuda_gpu.py.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+import torch
+from tiny_models import ARCHITECTURES, noisy_copy, random_prompt, reference_greedy, tiny_model
+from transformers import LlamaForCausalLM
+
+from assisted_backends import generate
+from assisted_backends.backends.base import BackendOptions
+from assisted_backends.backends.cuda import CUDABackend
+from assisted_backends.core import hf_compat
+from assisted_backends.core.graphs import GraphedCausalLM, StepGraphs, graph_capturable
+
+MAX_NEW_TOKENS = 23
+
+
+class RecordingFakeGraph:
+    """FAKE torch.cuda.CUDAGraph: replay re-runs the recorded step and writes into the captured output."""
+
+    def __init__(self, step, output: torch.Tensor) -> None:
+        self.step = step
+        self.output = output
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.output.copy_(self.step())
+        self.replays += 1
+
+
+class RecordingFakeGraphRuntime:
+    """FAKE GraphRuntime for CPU: counts warm-ups, records every capture."""
+
+    def __init__(self) -> None:
+        self.warmups = 0
+        self.graphs: list[RecordingFakeGraph] = []
+
+    def warmup(self, step):
+        self.warmups += 1
+        return step()
+
+    def capture(self, step):
+        output = torch.full_like(step(), float("nan"))  # executes, unlike a real capture; content is garbage
+        graph = RecordingFakeGraph(step, output)
+        self.graphs.append(graph)
+        return graph, output
+
+
+class CUDABackendOnCPU(CUDABackend):
+    """The real CUDABackend logic with the device swapped for the CPU and graphs for the fake."""
+
+    def __init__(self, options: BackendOptions | None = None, bf16: bool = True) -> None:
+        super().__init__(options)
+        self._bf16 = bf16
+        self.runtimes: list[RecordingFakeGraphRuntime] = []
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def bf16_supported(self) -> bool:
+        return self._bf16
+
+    def graph_runtime(self) -> RecordingFakeGraphRuntime:
+        self.runtimes.append(RecordingFakeGraphRuntime())
+        return self.runtimes[-1]
+
+    def synchronize(self) -> None:
+        pass
+
+
+@cache
+def pair(arch: str):
+    target = tiny_model(arch, seed=0)
+    return target, noisy_copy(target, seed=3, scale=0.02)
+
+
+@cache
+def expected(arch: str, prompt_length: int) -> torch.Tensor:
+    return reference_greedy(pair(arch)[0], random_prompt(prompt_length, seed=prompt_length), MAX_NEW_TOKENS)
+
+
+def graphs_of(backend: CUDABackend, model, role: str) -> StepGraphs:
+    wrapper = backend.prepare(model, role)
+    assert isinstance(wrapper, GraphedCausalLM)
+    return wrapper.graphs
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_graphed_assisted_greedy_matches_target_generate(arch, gamma):
+    target, draft = pair(arch)
+    backend = CUDABackendOnCPU()
+    for prompt_length in (1, 6):
+        result = generate(
+            target,
+            random_prompt(prompt_length, seed=prompt_length),
+            assistant_model=draft,
+            max_new_tokens=MAX_NEW_TOKENS,
+            num_assistant_tokens=gamma,
+            backend=backend,
+        )
+        assert result.stats.cache_layout == "static"
+        assert torch.equal(result.sequences, expected(arch, prompt_length)), (arch, gamma, prompt_length)
+    target_graphs, draft_graphs = graphs_of(backend, target, "target"), graphs_of(backend, draft, "draft")
+    assert target_graphs.stats.caches_bound == 2 and draft_graphs.stats.caches_bound == 2  # one per generate call
+    assert target_graphs.stats.replays > 0 and draft_graphs.stats.replays > 0
+    replayed = sum(graph.replays for runtime in backend.runtimes for graph in runtime.graphs)
+    assert replayed == target_graphs.stats.replays + draft_graphs.stats.replays
+
+
+def test_static_shapes_bound_the_number_of_graphs():
+    """Fixed γ: the target captures only [1, γ+1]; the draft only its 1- and 2-token feeds."""
+    gamma = 3
+    target, draft = pair("llama")
+    backend = CUDABackendOnCPU(BackendOptions(bucket_size=32))
+    result = generate(
+        target,
+        random_prompt(6, seed=6),
+        assistant_model=draft,
+        max_new_tokens=MAX_NEW_TOKENS,
+        num_assistant_tokens=gamma,
+        static_shapes=True,
+        backend=backend,
+    )
+    assert torch.equal(result.sequences, expected("llama", 6))
+
+    def fed_shapes(graphs: StepGraphs) -> set[tuple[int, ...]]:
+        return {dict(signature)["input_ids"][0] for signature in graphs.stats.signatures}
+
+    target_graphs, draft_graphs = graphs_of(backend, target, "target"), graphs_of(backend, draft, "draft")
+    assert fed_shapes(target_graphs) == {(1, gamma + 1)}
+    assert fed_shapes(draft_graphs) <= {(1, 1), (1, 2)}
+    assert target_graphs.stats.captures == 1 and draft_graphs.stats.captures <= 2
+    assert target_graphs.stats.eager_calls == 1  # the prefill
+    assert target_graphs.stats.replays == result.stats.target_forwards - 2  # minus prefill and the capture call
+
+
+def test_plain_decoding_replays_one_graph():
+    target, _ = pair("gpt2")
+    backend = CUDABackendOnCPU()
+    result = generate(target, random_prompt(6, seed=6), max_new_tokens=MAX_NEW_TOKENS, backend=backend)
+    assert torch.equal(result.sequences, expected("gpt2", 6))
+    graphs = graphs_of(backend, target, "target")
+    assert graphs.stats.captures == 1 and graphs.stats.replays == MAX_NEW_TOKENS - 2
+
+
+def test_replay_reads_new_inputs_and_capture_keeps_the_write_position():
+    """Direct StepGraphs use: every call, replayed or not, equals an eager forward on a twin cache."""
+    model = tiny_model("llama", seed=0)
+    graphs = StepGraphs("target", RecordingFakeGraphRuntime(), max_query_tokens=4)
+    graphed_cache = hf_compat.new_static_cache(model, 1, 64, torch.float32, torch.device("cpu"))
+    eager_cache = hf_compat.new_static_cache(model, 1, 64, torch.float32, torch.device("cpu"))
+    tokens = random_prompt(30, seed=30)
+    length = 0
+    with torch.inference_mode():
+        for width in (5, 2, 2, 2, 3, 2, 1, 2):  # prefill, capture, replay, replay, capture, replay, ...
+            feed = tokens[:, length : length + width]
+            position = torch.arange(length, length + width)
+            kwargs = {"input_ids": feed, "position_ids": position[None, :], "cache_position": position}
+            got = graphs.run(
+                model, kwargs, {"use_cache": True}, graphed_cache, start_position=lambda start=length: start
+            )
+            want = model(**kwargs, past_key_values=eager_cache, use_cache=True).logits
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+            length += width
+            assert int(graphed_cache.get_seq_length()) == length
+    assert graphs.stats.eager_calls == 1 and graphs.stats.captures == 3 and graphs.stats.replays == 4
+
+
+def test_long_feeds_and_dynamic_caches_run_eagerly():
+    model = tiny_model("opt", seed=0)
+    wrapper = GraphedCausalLM(model, "target", RecordingFakeGraphRuntime(), max_query_tokens=2)
+    cache = hf_compat.new_dynamic_cache(model)
+    tokens = random_prompt(8, seed=8)
+    with torch.inference_mode():
+        for start, stop in ((0, 4), (4, 5), (5, 6), (6, 8)):
+            wrapper(input_ids=tokens[:, start:stop], past_key_values=cache, cache_position=torch.arange(start, stop))
+    assert wrapper.graphs.stats.captures == 0 and wrapper.graphs.stats.eager_calls == 4
+
+
+def test_prepare_is_idempotent_and_wraps_per_role():
+    target, draft = pair("llama")
+    backend = CUDABackendOnCPU()
+    wrapped = backend.prepare(target, "target")
+    assert backend.prepare(target, "target") is wrapped and backend.prepare(wrapped, "target") is wrapped
+    assert backend.prepare(target, "draft") is not wrapped  # a model drafting for itself gets its own graphs
+    assert backend.describe()["target_graphs"] == "cuda graphs"
+    eager = CUDABackendOnCPU(BackendOptions(graphs=False)).prepare(draft, "draft")
+    assert eager is draft
+
+
+class _UncapturableLlama(LlamaForCausalLM):
+    _can_compile_fullgraph = False
+
+
+def test_models_that_cannot_be_captured_fall_back_to_the_dynamic_layout():
+    target = tiny_model("llama", seed=0)
+    uncapturable = _UncapturableLlama(target.config).eval()
+    uncapturable.load_state_dict(target.state_dict())
+    backend = CUDABackendOnCPU()
+    assert graph_capturable(target) and not graph_capturable(uncapturable)
+    assert backend.cache_layout_for(target, None) == "static"
+    assert backend.cache_layout_for(target, uncapturable) == "dynamic"
+    result = generate(uncapturable, random_prompt(6, seed=6), max_new_tokens=MAX_NEW_TOKENS, backend=backend)
+    assert result.stats.cache_layout == "dynamic"
+    assert backend.prepare(uncapturable, "target") is uncapturable  # not wrapped
+    assert torch.equal(result.sequences, reference_greedy(target, random_prompt(6, seed=6), MAX_NEW_TOKENS))

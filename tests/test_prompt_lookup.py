@@ -1,0 +1,89 @@
+"""Prompt lookup drafting: proposals copied from the context, verified like any other draft."""
+
+import pytest
+import torch
+from stats_tools import chi_square_p_value
+from test_lossless_sampling import ALPHA_EACH, NEW, PROMPT, V, exact_joint, statistics
+from tiny_models import random_prompt, reference_greedy, tiny_model
+from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper
+
+from assisted_backends import generate
+from assisted_backends.core.prompt_lookup import lookup
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_lookup_takes_the_latest_longest_match():
+    ids = torch.tensor([5, 1, 2, 7, 8, 1, 2, 9, 4, 3, 1, 2])
+    assert lookup(ids, max_ngram=3, count=3).tolist() == [9, 4, 3]  # latest "1 2", not the first
+    ids = torch.tensor([4, 1, 2, 6, 0, 2, 5, 3, 1, 2])
+    assert lookup(ids, max_ngram=2, count=2).tolist() == [6, 0]  # the bigram beats the later unigram "2"
+    assert lookup(ids, max_ngram=1, count=2).tolist() == [5, 3]  # unigram only: the latest "2"
+    assert lookup(torch.tensor([1, 2, 1]), max_ngram=3, count=5).tolist() == [2, 1]  # clipped at the end
+    assert lookup(torch.tensor([1, 2, 3]), max_ngram=3, count=4).tolist() == []  # no match
+    assert lookup(torch.tensor([7]), max_ngram=3, count=4).tolist() == []
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_greedy_identity(arch, static_shapes):
+    target = tiny_model(arch, seed=0)
+    drafted = accepted = 0
+    for seed in range(4):
+        base = random_prompt(6, seed)
+        prompt = torch.cat([base, base, base[:, :3]], dim=1)  # repeats give the lookup something to find
+        expected = reference_greedy(target, prompt, 30)
+        result = generate(target, prompt, prompt_lookup_num_tokens=4, max_new_tokens=30, static_shapes=static_shapes)
+        assert torch.equal(result.sequences, expected)
+        assert result.stats.drafter == "prompt_lookup"
+        assert result.stats.draft_forwards == 0
+        if static_shapes:
+            assert result.stats.drafted == 4 * result.stats.rounds
+        drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
+    assert drafted > 0 and accepted > 0, "the repeats must produce accepted lookups"
+
+
+def test_prompt_lookup_num_tokens_sets_the_draft_length():
+    target = tiny_model("llama", seed=0)
+    prompt = torch.arange(20)[None].repeat(1, 3)
+    result = generate(target, prompt, prompt_lookup_num_tokens=7, max_new_tokens=16, static_shapes=True)
+    assert len(result.stats.per_position_drafted) == 7
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_bad_prompt_lookup_num_tokens(bad):
+    target = tiny_model("llama", seed=0)
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens must be an integer >= 1"):
+        generate(target, torch.tensor([[1, 2]]), prompt_lookup_num_tokens=bad, max_new_tokens=2)
+
+
+def test_prompt_lookup_and_a_draft_model_are_exclusive():
+    target = tiny_model("llama", seed=0)
+    with pytest.raises(ValueError, match="choose one way of drafting"):
+        generate(target, torch.tensor([[1, 2]]), assistant_model=target, prompt_lookup_num_tokens=2, max_new_tokens=2)
+
+
+@pytest.mark.slow
+def test_sampling_with_prompt_lookup_matches_plain_sampling():
+    """Same exact-enumeration chi-square test as tests/test_lossless_sampling.py (false alarms ≤ 1e-3):
+    q is a point mass, so each lookup token is accepted with probability p(x)."""
+    target = tiny_model("llama", seed=0, vocab=V, init=0.15)
+    counts = torch.zeros([V] * NEW, dtype=torch.float64)
+    accepted = drafted = 0
+    for seed in range(2500):
+        result = generate(target, PROMPT, prompt_lookup_num_tokens=3, max_new_tokens=NEW, do_sample=True, seed=seed)
+        counts[tuple(result.sequences[0, PROMPT.shape[1] :].tolist())] += 1
+        accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
+    assert 0.1 < accepted / drafted < 0.9, "lookups must be both accepted and rejected for this test to mean anything"
+    expected = exact_joint(target, LogitsProcessorList([TemperatureLogitsWarper(1.0)]))
+    for observed, probs in zip(statistics(counts), statistics(expected)):
+        assert chi_square_p_value(observed, probs) > ALPHA_EACH
+    shifted = exact_joint(target, LogitsProcessorList([TemperatureLogitsWarper(1.5)]))
+    rejections = [chi_square_p_value(o, p) < ALPHA_EACH for o, p in zip(statistics(counts), statistics(shifted))]
+    assert any(rejections), "power check: the test must tell the target at temperature 1.5 apart"

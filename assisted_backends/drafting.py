@@ -81,8 +81,9 @@ def validate(spec: DraftSpec, target: PreTrainedModel) -> None:
             )
 
 
-def draft_length(spec: DraftSpec, num_assistant_tokens: int) -> int:
-    """γ for the schedule: `prompt_lookup_num_tokens` when lookup drafting, else `num_assistant_tokens`."""
+def draft_length(spec: DraftSpec, num_assistant_tokens: int | None) -> int | None:
+    """γ for the schedule: `prompt_lookup_num_tokens` when lookup drafting, else `num_assistant_tokens`
+    (None: the schedule's own default)."""
     return spec.prompt_lookup_num_tokens if spec.prompt_lookup_num_tokens is not None else num_assistant_tokens
 
 

@@ -35,6 +35,7 @@ import assisted_backends
 from assisted_backends.backends.base import BackendOptions
 from assisted_backends.backends.cpu import CPUBackend
 from assisted_backends.backends.cuda import DTYPES, CUDABackend
+from assisted_backends.core.schedule import leviathan_speedup
 
 
 def random_pair(
@@ -121,12 +122,6 @@ def step_cost_ratio(target, draft, prompt, repeats: int, sync) -> float:
         return statistics.median(times)
 
     return one_step_time(draft) / one_step_time(target)
-
-
-def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
-    """S = (1 − α^(γ+1)) / ((1 − α)(γc + 1)); α = 1 gives (γ+1)/(γc+1)."""
-    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return tokens / (gamma * c + 1)
 
 
 def main() -> None:

@@ -67,7 +67,7 @@ def test_random_models_greedy_identity_over_many_prompts(tokenizers, direction, 
     assert drafted > 0, "the draft must have proposed something"
 
 
-@pytest.mark.parametrize("gamma,floor", [(2, 0.4), (5, 0.3)])
+@pytest.mark.parametrize("gamma,floor", [(2, 0.5), (5, 0.45)])
 def test_trained_pair_accepts_drafts_and_stays_identical(memorized, gamma, floor):
     target, draft, target_tokenizer, draft_tokenizer = memorized
     accepted = drafted = 0
@@ -87,8 +87,7 @@ def test_trained_pair_accepts_drafts_and_stays_identical(memorized, gamma, floor
         accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
         stats = result.stats
         assert stats.acceptance_rate == stats.accepted / stats.drafted
-    # Random drafts accept ~0 (previous test); measured here: ~0.5 at γ=2, ~0.4 at γ=5 (1-layer drafts).
-    print("alpha", gamma, accepted / drafted)
+    # Random drafts accept ~0; this pair measured α = 0.60 at γ=2 and 0.55 at γ=5 (deterministic training).
     assert accepted / drafted > floor, (
         f"translation must let a draft that knows the text be accepted: α={accepted / drafted}"
     )

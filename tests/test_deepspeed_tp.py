@@ -141,6 +141,72 @@ def test_two_cpu_ranks_match_one_process_and_hold_half_the_sharded_weights(tmp_p
             assert 2 * rank_numel == torch.Size(full[name]).numel(), (name, report["target_shapes"][name], full[name])
 
 
+@pytest.mark.distributed
+@pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None and not os.environ.get("ASSISTED_BACKENDS_DEEPSPEED_LANE"),
+    reason="needs deepspeed: pip install assisted_backends[deepspeed] (the CI lane .ci/lanes/deepspeed.sh does)",
+)
+def test_the_command_under_torchrun_matches_the_single_process_command(tmp_path):
+    """`torchrun --nproc_per_node 2 examples/run_assisted_generation.py ...`: same tokens, rank 0 alone prints."""
+    from tiny_models import noisy_copy, tiny_model
+
+    from assisted_backends.demo.corpus import read_corpus
+    from assisted_backends.demo.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(read_corpus(60_000)[0], 320)
+    target = tiny_model("llama", seed=0, hidden=128, layers=2, vocab=len(tokenizer), init=0.1)
+    for name, model in (("target", target), ("draft", noisy_copy(target, seed=3, scale=0.05))):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    script = str(Path(__file__).resolve().parents[1] / "examples" / "run_assisted_generation.py")
+    flags = [
+        "-m",
+        str(tmp_path / "target"),
+        "--assistant-model",
+        str(tmp_path / "draft"),
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--max-new-tokens",
+        "16",
+        "--num-assistant-tokens",
+        "3",
+        "--prompt",
+        "def main():",
+    ]
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    single = subprocess.run(
+        [sys.executable, script, *flags, "--json", str(tmp_path / "single.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert single.returncode == 0, single.stderr[-3000:]
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        script,
+        *flags,
+        "--json",
+        str(tmp_path / "multi.json"),
+    ]
+    multi = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=600)
+    assert multi.returncode == 0, multi.stdout[-3000:] + multi.stderr[-3000:]
+    one = json.loads((tmp_path / "single.json").read_text())
+    two = json.loads((tmp_path / "multi.json").read_text())
+    assert two["generated_token_ids"] == one["generated_token_ids"] and len(one["generated_token_ids"]) == 16
+    assert multi.stdout.count("def main():") == 1, "only rank 0 prints"
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="one rank of the DeepSpeed AutoTP test (launched by the test)")
     parser.add_argument("--model-dir", type=Path, required=True)

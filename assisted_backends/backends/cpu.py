@@ -83,9 +83,10 @@ class CPUBackend(Backend):
         else:
             dtype = choice.dtype or current
             use_ipex, ipex_reason = ipex.wanted(self.ipex_mode, dtype, self.ipex_status)
-        signature = (choice.name, _short(dtype), choice.quantize, use_ipex)
+        label = f"w8af32[{quantize.DEFAULT_METHOD}]" if choice.quantize else _short(dtype)
+        signature = (label, use_ipex)
         self._chosen[role] = {
-            "precision": f"w8af32 ({quantize.DEFAULT_METHOD})" if choice.quantize else _short(dtype),
+            "precision": label,
             "reason": choice.reason if choice.dtype is not None else f"{choice.reason}: {_short(current)}",
             "ipex": ipex_reason,
         }
@@ -96,10 +97,10 @@ class CPUBackend(Backend):
         if cached is not None:
             return cached
 
-        if previous is not None and previous[3]:
+        if previous is not None and previous[1]:
             raise ValueError(
-                f"this model was rewritten in place by intel-extension-for-pytorch ({previous[1]}), so it cannot "
-                f"also run as {signature[0]}: load it again, or pass a separate draft model"
+                f"this model was rewritten in place by intel-extension-for-pytorch ({previous[0]}), so it cannot "
+                f"also run as {label}: load it again, or pass a separate draft model"
             )
         needs_copy = choice.quantize or (role == "draft" and dtype != current)
         if needs_copy:
@@ -114,6 +115,8 @@ class CPUBackend(Backend):
 
     def _prepared_copy(self, model: torch.nn.Module, choice: precision.Choice, dtype: torch.dtype) -> torch.nn.Module:
         if choice.quantize:
+            if quantize.is_quantized(model):
+                raise ValueError("this draft is already w8af32-quantized: pass the original draft model")
             return quantize.quantize_w8af32(model.to(self.device))
         return copy.deepcopy(model).to(self.device, dtype).eval()
 

@@ -13,7 +13,7 @@ import assisted_backends
 from assisted_backends import distributed
 from assisted_backends.backends import Backend, BackendOptions, resolve_backend
 from assisted_backends.cli.loading import TORCH_DTYPES, default_assistant, load_model, load_tokenizer
-from assisted_backends.demo.pair import BUDGETS, NOTICE, ensure_demo_pair
+from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
 
 
 @dataclass
@@ -67,8 +67,10 @@ def _pick_models(args: argparse.Namespace, notices: list[str]) -> tuple[str, str
     if args.model is None:
         if args.assistant_model is not None:
             raise ValueError("--assistant-model needs -m/--model (the demo pair brings its own draft)")
-        budget = BUDGETS[args.demo_budget]
-        pair = ensure_demo_pair(root=Path(args.demo_dir) if args.demo_dir else None, budget=budget)
+        budget = SMOKE_BUDGET if args.demo_pair == "smoke" else DemoBudget()
+        pair = shipped_pair() if args.demo_pair == "shipped" else None
+        if pair is None:
+            pair = ensure_demo_pair(root=Path(args.demo_dir) if args.demo_dir else None, budget=budget)
         notices.append(NOTICE.format(target=_size(budget.target), draft=_size(budget.draft)))
         draft = None if (args.no_assisted or args.prompt_lookup or args.assistant_early_exit) else str(pair.draft_dir)
         return str(pair.target_dir), draft, str(pair.held_out_text)

@@ -31,7 +31,66 @@ def logits_to_keep_kwargs(model: torch.nn.Module, keep: int) -> dict[str, int]:
     return {}
 
 
-def new_dynamic_cache(model: PreTrainedModel) -> DynamicCache:
+class LegacyCache:
+    """The KV cache of a model that still takes `past_key_values` as tuples and returns new ones.
+
+    In transformers < 4.53, GPT-2 and GPTBigCode accept no Cache object: each forward reads the tuple
+    it is given and returns a longer one. The runner hands the model `model_inputs(...)` and stores
+    what comes back with `keep_returned_cache`; rollback slices every tensor on its sequence axis (-2
+    for GPT-2's [B, H, T, D] keys and values and for GPTBigCode's fused [B, (H,) T, 2D] ones).
+    """
+
+    def __init__(self) -> None:
+        self.layers: tuple | None = None
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        if not self.layers:
+            return 0
+        first = self.layers[layer_idx]
+        return (first[0] if isinstance(first, (tuple, list)) else first).shape[-2]
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions (a negative `length` removes that many, as DynamicCache.crop)."""
+        if length < 0:
+            length = self.get_seq_length() + length
+        if not self.layers:
+            return
+
+        def cut(item):
+            if isinstance(item, (tuple, list)):
+                return type(item)(cut(part) for part in item)
+            return item[..., :length, :]
+
+        self.layers = tuple(cut(layer) for layer in self.layers)
+
+
+def uses_legacy_cache(model: PreTrainedModel) -> bool:
+    """True for models that take tuple caches only (`_supports_cache_class = False`, transformers < 4.53)."""
+    return getattr(model, "_supports_cache_class", True) is False
+
+
+def model_inputs(cache, attention_mask: torch.Tensor | None, query_length: int) -> tuple:
+    """(past_key_values, attention_mask) for one forward on top of `cache`.
+
+    A LegacyCache is passed as its tuple (None while empty), and a mask the layout sized for a
+    preallocated cache is cut to the positions the tuple really holds plus the new ones.
+    """
+    if not isinstance(cache, LegacyCache):
+        return cache, attention_mask
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, : cache.get_seq_length() + query_length]
+    return cache.layers, attention_mask
+
+
+def keep_returned_cache(cache, output) -> None:
+    """Store the tuple cache a legacy model returned (a no-op for Cache objects, updated in place)."""
+    if isinstance(cache, LegacyCache):
+        cache.layers = tuple(output.past_key_values)
+
+
+def new_dynamic_cache(model: PreTrainedModel) -> DynamicCache | LegacyCache:
+    if uses_legacy_cache(model):
+        return LegacyCache()
     try:
         return DynamicCache(config=model.config)
     except TypeError:  # transformers < 4.56 takes no config
@@ -40,8 +99,15 @@ def new_dynamic_cache(model: PreTrainedModel) -> DynamicCache:
 
 def new_static_cache(
     model: PreTrainedModel, batch_size: int, max_cache_len: int, dtype: torch.dtype, device: torch.device
-) -> StaticCache:
-    """A cache preallocated to `max_cache_len` positions (lazily on first write in 5.x)."""
+) -> StaticCache | LegacyCache:
+    """A cache preallocated to `max_cache_len` positions (lazily on first write in 5.x).
+
+    Models with tuple caches only (GPT-2, GPTBigCode in transformers < 4.53) have no static cache: they
+    get a LegacyCache, so the static layout still runs them (rollback slices instead of moving a
+    position; the shapes are not fixed, which only graph-capturing devices need).
+    """
+    if uses_legacy_cache(model):
+        return LegacyCache()
     config = model.config
     try:  # transformers 4.5x signature
         return StaticCache(
@@ -51,7 +117,7 @@ def new_static_cache(
         return StaticCache(config=config, max_cache_len=max_cache_len)
 
 
-def crop_dynamic_cache(cache: DynamicCache, length: int) -> None:
+def crop_dynamic_cache(cache: DynamicCache | LegacyCache, length: int) -> None:
     """Drop every cached position at index >= `length` (a negative argument means 'remove' in 4.5x and 5.x)."""
     remove = cache.get_seq_length() - length
     if remove > 0:
@@ -62,8 +128,11 @@ def set_static_cache_length(cache: StaticCache, length: int) -> None:
     """Move the write position of a static cache to `length`; nothing is copied or cleared.
 
     transformers 5.x keeps the write position in each layer's `cumulative_length`; 4.5x writes at the
-    `cache_position` the caller passes, so there is nothing to move.
+    `cache_position` the caller passes, so there is nothing to move. A LegacyCache is cut to `length`.
     """
+    if isinstance(cache, LegacyCache):
+        cache.crop(length)
+        return
     for layer in getattr(cache, "layers", ()):
         counter = getattr(layer, "cumulative_length", None)
         if isinstance(counter, torch.Tensor):

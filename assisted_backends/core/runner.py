@@ -49,15 +49,17 @@ class ModelRunner:
         kwargs = dict(self._keep_last) if last_only else {}
         if self._pass_cache_position:
             kwargs["cache_position"] = cache_position
+        cache, mask = hf_compat.model_inputs(self.layout.cache, self.layout.attention_mask(query_length), query_length)
         with torch.inference_mode():
             output = self.model(
                 input_ids=tokens,
-                attention_mask=self.layout.attention_mask(query_length),
+                attention_mask=mask,
                 position_ids=position_ids,
-                past_key_values=self.layout.cache,
+                past_key_values=cache,
                 use_cache=True,
                 **kwargs,
             )
+        hf_compat.keep_returned_cache(self.layout.cache, output)
         self.layout.advance(query_length)
         self.forward_count += 1
         self.step_boundary()

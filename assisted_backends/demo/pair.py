@@ -1,9 +1,11 @@
-"""Preparing (once) and locating the embedded demo pair.
+"""Locating, or preparing once, the embedded demo pair.
 
-`ensure_demo_pair()` returns the cached pair or trains it: tokenizer, then target and draft
-together, then `save_pretrained` of both (each directory self-contained, tokenizer included) and
-the held-out text the benchmark draws prompts from. Writing goes to a temporary directory that is
-renamed at the end, so an interrupted run never leaves a half-written pair behind.
+The package ships the pair's weights (bf16 safetensors under `demo/weights/`, made by
+`python -m assisted_backends.demo --out DIR` with the default budget), so the default run needs no
+preparation at all. `ensure_demo_pair(budget)` instead trains a pair: tokenizer, then target and draft
+together, then `save_pretrained` of both (each directory self-contained, tokenizer included) and the
+held-out text the benchmark draws prompts from. Writing goes to a temporary directory renamed at the
+end, so an interrupted run never leaves a half-written pair behind; a finished one is cached.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from assisted_backends.demo.tokenizer import train_tokenizer
 from assisted_backends.demo.train import ModelShape, train_models
 
 DEMO_VERSION = 1
+HELD_OUT_CHARS = 200_000  # prompts for the benchmark: enough for 2 x 2048-token prompts
 NOTICE = (
     "note: using the embedded DEMO pair (a {target} target and a {draft} draft trained on this machine from "
     "the Python standard library). It writes Python-like fragments, not good code; "
@@ -34,15 +37,17 @@ NOTICE = (
 
 @dataclass(frozen=True)
 class DemoBudget:
-    """How much to train. The default takes a few minutes on 2 cores; tests use a tiny one."""
+    """How much to train. The default made the shipped weights (about 15 minutes on 2 idle cores);
+    the smoke budget trains in seconds for tests and CI and writes noise."""
 
-    corpus_bytes: int = 2_000_000
+    corpus_bytes: int = 4_000_000
     vocab_size: int = 4096
-    steps: int = 300
+    steps: int = 420
     batch_size: int = 16
     sequence_length: int = 128
-    target: ModelShape = field(default_factory=lambda: ModelShape(layers=6, hidden=512, heads=8))
+    target: ModelShape = field(default_factory=lambda: ModelShape(layers=6, hidden=384, heads=6))
     draft: ModelShape = field(default_factory=lambda: ModelShape(layers=1, hidden=128, heads=4))
+    early_exit_layer: int = 2  # LayerSkip-style auxiliary loss: `--assistant-early-exit 2` drafts well
     seed: int = 0
     threads: int = 2
 
@@ -61,7 +66,7 @@ SMOKE_BUDGET = DemoBudget(
     target=ModelShape(layers=1, hidden=32, heads=2),
     draft=ModelShape(layers=1, hidden=16, heads=2),
 )
-BUDGETS = {"default": DemoBudget(), "smoke": SMOKE_BUDGET}  # smoke: seconds, for CI; its text is noise
+SHIPPED = Path(__file__).resolve().parent / "weights"
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,16 @@ class DemoPair:
     target_dir: Path
     draft_dir: Path
     held_out_text: Path
+
+    @classmethod
+    def at(cls, directory: Path) -> DemoPair:
+        return cls(directory / "target", directory / "draft", directory / "held_out.txt")
+
+
+def shipped_pair() -> DemoPair | None:
+    """The pair whose weights ship inside the package, when this installation has them."""
+    pair = DemoPair.at(SHIPPED)
+    return pair if is_prepared(pair) else None
 
 
 def default_cache_root() -> Path:
@@ -79,8 +94,7 @@ def default_cache_root() -> Path:
 def demo_pair_dirs(root: Path | None = None, budget: DemoBudget | None = None) -> DemoPair:
     """Where the pair for `budget` lives (whether or not it was prepared yet)."""
     budget = budget or DemoBudget()
-    directory = Path(root or default_cache_root()) / f"demo-pair-v{DEMO_VERSION}-{budget.key()}"
-    return DemoPair(directory / "target", directory / "draft", directory / "held_out.txt")
+    return DemoPair.at(Path(root or default_cache_root()) / f"demo-pair-v{DEMO_VERSION}-{budget.key()}")
 
 
 def is_prepared(pair: DemoPair) -> bool:
@@ -109,7 +123,7 @@ def ensure_demo_pair(root: Path | None = None, budget: DemoBudget | None = None,
     return pair
 
 
-def _prepare(directory: Path, budget: DemoBudget, progress: bool) -> None:
+def _prepare(directory: Path, budget: DemoBudget, progress: bool, save_dtype: torch.dtype = torch.float32) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(budget.threads)  # same seed + same threads -> bit-identical weights
     try:
@@ -136,9 +150,9 @@ def _prepare(directory: Path, budget: DemoBudget, progress: bool) -> None:
         for name, model in (("target", target), ("draft", draft)):
             model.generation_config.eos_token_id = tokenizer.eos_token_id
             model.generation_config.pad_token_id = tokenizer.pad_token_id
-            model.save_pretrained(directory / name)
+            model.to(save_dtype).save_pretrained(directory / name)
             tokenizer.save_pretrained(directory / name)
-        (directory / "held_out.txt").write_text(held_out, encoding="utf-8")
+        (directory / "held_out.txt").write_text(held_out[:HELD_OUT_CHARS], encoding="utf-8")
         (directory / "training.json").write_text(
             json.dumps(
                 {

@@ -1,9 +1,7 @@
 """Training the demo target and draft together on the same batches.
 
-Muon (orthogonalised momentum) for the hidden 2-D weight matrices and AdamW for embeddings and
-norms trained fastest here; torch without `torch.optim.Muon` (< 2.9) falls back to AdamW alone.
-bf16 autocast uses AMX where the CPU has it. A fixed seed, step count and thread count make the
-weights reproducible on the same torch build.
+AdamW with warm-up and cosine decay; bf16 autocast (AMX or AVX512-BF16 where the CPU has them).
+A fixed seed, step count and thread count make the weights reproducible on the same torch build.
 """
 
 from __future__ import annotations
@@ -14,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+EARLY_EXIT_WEIGHT = 0.3
 
 
 @dataclass(frozen=True)
@@ -39,15 +39,9 @@ class ModelShape:
         )
 
 
-def _optimizers(model: torch.nn.Module, steps: int) -> list[torch.optim.Optimizer]:
-    hidden = [p for n, p in model.named_parameters() if p.ndim == 2 and "embed" not in n and "lm_head" not in n]
-    other = [p for n, p in model.named_parameters() if not (p.ndim == 2 and "embed" not in n and "lm_head" not in n)]
-    if hasattr(torch.optim, "Muon"):
-        return [
-            torch.optim.Muon(hidden, lr=0.02, momentum=0.95, weight_decay=0.0, adjust_lr_fn="match_rms_adamw"),
-            torch.optim.AdamW(other, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0),
-        ]
-    return [torch.optim.AdamW(hidden + other, lr=2e-3, betas=(0.9, 0.95), weight_decay=0.0)]
+def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW. (Muon's Newton-Schulz iterations cost more than the model's own step at these batch sizes on CPU.)"""
+    return torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.0)
 
 
 def _lr_scale(step: int, steps: int) -> float:
@@ -67,30 +61,37 @@ def train_models(
     sequence_length: int,
     seed: int,
     on_step: Callable[[int, list[float]], None] = lambda step, losses: None,
+    early_exit_layer: int = 0,
 ) -> list[float]:
-    """Train every model in `models` on the same random windows of `tokens` [N]; return final losses."""
+    """Train every model in `models` on the same random windows of `tokens` [N]; return final losses.
+
+    `early_exit_layer` k > 0 adds a LayerSkip-style loss on the output of layer k through the final
+    norm and head (for models deeper than k), so the first k layers make a usable self-speculative draft.
+    """
     generator = torch.Generator().manual_seed(seed)
-    optimizers = [_optimizers(model, steps) for model in models]
-    bases = [[group["lr"] for opt in opts for group in opt.param_groups] for opts in optimizers]
+    optimizers = [_optimizer(model) for model in models]
+    bases = [optimizer.param_groups[0]["lr"] for optimizer in optimizers]
     losses = [float("nan")] * len(models)
     for model in models:
         model.train()
     for step in range(steps):
         starts = torch.randint(0, tokens.numel() - sequence_length - 1, (batch_size,), generator=generator)
         window = torch.stack([tokens[s : s + sequence_length + 1] for s in starts.tolist()])  # [B, T+1]
-        for index, (model, opts) in enumerate(zip(models, optimizers)):
-            scale = _lr_scale(step, steps)
-            groups = [group for opt in opts for group in opt.param_groups]
-            for group, base in zip(groups, bases[index]):
-                group["lr"] = base * scale
+        for index, (model, optimizer) in enumerate(zip(models, optimizers)):
+            for group in optimizer.param_groups:
+                group["lr"] = bases[index] * _lr_scale(step, steps)
+            labels = window[:, 1:].flatten()
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = model(input_ids=window[:, :-1]).logits
-            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten())
+                output = model(input_ids=window[:, :-1], output_hidden_states=bool(early_exit_layer))
+                loss = torch.nn.functional.cross_entropy(output.logits.float().flatten(0, 1), labels)
+                if early_exit_layer and model.config.num_hidden_layers > early_exit_layer:
+                    exit_logits = model.lm_head(model.model.norm(output.hidden_states[early_exit_layer]))
+                    exit_loss = torch.nn.functional.cross_entropy(exit_logits.float().flatten(0, 1), labels)
+                    loss = loss + EARLY_EXIT_WEIGHT * exit_loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            for opt in opts:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
             losses[index] = float(loss.detach())
         on_step(step, losses)
     for model in models:

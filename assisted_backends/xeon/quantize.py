@@ -83,11 +83,13 @@ def _dynamic(model: nn.Module) -> nn.Module:
     with warnings.catch_warnings():  # torch >= 2.10 marks torch.ao.quantization deprecated (moving to torchao)
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*", category=UserWarning)
         return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
 
-def check_supported(method: str = DEFAULT_METHOD) -> None:
-    """Raise a clear error when this torch build cannot run `method`."""
+def check_supported(method: str | None = None) -> None:
+    """Raise a clear error when this torch build cannot run `method` (default: DEFAULT_METHOD)."""
+    method = method or DEFAULT_METHOD
     if method not in METHODS:
         raise ValueError(f"w8af32 method {method!r} is not one of {METHODS}")
     if method == "dynamic":
@@ -100,8 +102,9 @@ def check_supported(method: str = DEFAULT_METHOD) -> None:
         raise RuntimeError("draft_precision='w8af32' (int8pack) needs torch >= 2.4 (aten._weight_int8pack_mm)")
 
 
-def quantize_w8af32(model: nn.Module, method: str = DEFAULT_METHOD) -> nn.Module:
+def quantize_w8af32(model: nn.Module, method: str | None = None) -> nn.Module:
     """A w8af32 copy of `model` (the original is left as it was): fp32 everywhere, linear weights int8."""
+    method = method or DEFAULT_METHOD
     check_supported(method)
     if getattr(model, QUANTIZED_ATTRIBUTE, None) == method:
         return model

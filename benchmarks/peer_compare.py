@@ -1,0 +1,219 @@
+"""This package against transformers' own generate, and against the Leviathan limit, in one run.
+
+    python benchmarks/peer_compare.py                 # all pairs, writes benchmarks/results/peer_compare.json
+    python benchmarks/peer_compare.py --pairs demo --repeats 3
+
+Per pair, five methods run interleaved (round-robin, `--repeats` times; medians): transformers'
+plain `generate`, transformers' assisted `generate`, and this package's plain, constant-γ and
+adaptive decoding. Pairs:
+- self: a random Llama (hidden 1024 x 8 layers) as its own draft (every token accepted, c ≈ 1);
+- unrelated: the same target with an unrelated random draft (hidden 256 x 2; almost nothing accepted);
+- demo: the embedded demo pair (trained here; mid-range acceptance);
+- early_exit: the demo target drafting with its own first 2 layers.
+The theoretical speedup S(α, γ, c) uses α from the constant-γ run and c = t_draft / t_target measured
+with single-token forward passes on warm caches; efficiency = measured speedup / S.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from assisted_backends import generate  # noqa: E402
+from assisted_backends.core import hf_compat  # noqa: E402
+from assisted_backends.core.early_exit import early_exit_view  # noqa: E402
+from assisted_backends.core.schedule import leviathan_speedup  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def random_llama(hidden: int, layers: int, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        max_position_embeddings=2048,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def step_time(model, prompt: torch.Tensor, repeats: int = 15) -> float:
+    """Median seconds of one single-token forward on a warm cache after `prompt`."""
+    cache = hf_compat.new_dynamic_cache(model)
+    with torch.inference_mode():
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        length = prompt.shape[1]
+        token = prompt[:, -1:]
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(input_ids=token, past_key_values=cache, use_cache=True)
+            samples.append(time.perf_counter() - start)
+            hf_compat.crop_dynamic_cache(cache, length)
+    return statistics.median(samples)
+
+
+def build_pairs(names: list[str]):
+    pairs = {}
+    if {"self", "unrelated"} & set(names):
+        target = random_llama(1024, 8, seed=0)
+        prompt = torch.randint(0, 32000, (1, 128), generator=torch.Generator().manual_seed(0))
+        if "self" in names:
+            pairs["self"] = dict(target=target, draft=target, prompt=prompt, new_tokens=48, early_exit=None)
+        if "unrelated" in names:
+            pairs["unrelated"] = dict(
+                target=target, draft=random_llama(256, 2, seed=1), prompt=prompt, new_tokens=48, early_exit=None
+            )
+    if {"demo", "early_exit"} & set(names):
+        from transformers import AutoTokenizer
+
+        from assisted_backends.demo import ensure_demo_pair
+
+        pair = ensure_demo_pair()
+        target = LlamaForCausalLM.from_pretrained(pair.target_dir).eval()
+        tokenizer = AutoTokenizer.from_pretrained(pair.target_dir)
+        text = pair.held_out_text.read_text(encoding="utf-8")
+        prompt = torch.tensor([tokenizer(text[:20000]).input_ids[:128]])
+        if "demo" in names:
+            draft = LlamaForCausalLM.from_pretrained(pair.draft_dir).eval()
+            pairs["demo"] = dict(target=target, draft=draft, prompt=prompt, new_tokens=128, early_exit=None)
+        if "early_exit" in names:
+            pairs["early_exit"] = dict(
+                target=target, draft=early_exit_view(target, 2), prompt=prompt, new_tokens=128, early_exit=2
+            )
+    return pairs
+
+
+def methods(pair: dict, gamma: int):
+    target, draft, prompt, new = pair["target"], pair["draft"], pair["prompt"], pair["new_tokens"]
+    mask = torch.ones_like(prompt)
+    common = dict(max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def hf_plain():
+        with torch.inference_mode():
+            return target.generate(prompt, attention_mask=mask, **common)
+
+    def hf_assisted():
+        with torch.inference_mode():
+            if pair["early_exit"] is not None:
+                return target.generate(prompt, attention_mask=mask, assistant_early_exit=pair["early_exit"], **common)
+            return target.generate(prompt, attention_mask=mask, assistant_model=draft, **common)
+
+    ours = dict(max_new_tokens=new, eos_token_id=[], device="cpu")
+    drafting = (
+        dict(assistant_early_exit=pair["early_exit"]) if pair["early_exit"] is not None else dict(assistant_model=draft)
+    )
+    return {
+        "hf_plain": hf_plain,
+        "hf_assisted": hf_assisted,
+        "ours_plain": lambda: generate(target, prompt, **ours),
+        "ours_constant": lambda: generate(target, prompt, num_assistant_tokens=gamma, **drafting, **ours),
+        "ours_adaptive": lambda: generate(target, prompt, schedule="adaptive", **drafting, **ours),
+    }
+
+
+def measure(pair: dict, gamma: int, repeats: int) -> dict:
+    runs = methods(pair, gamma)
+    outputs = {name: run() for name, run in runs.items()}  # warm-up, and the identity check below
+    reference = outputs["hf_plain"][0].tolist()
+    identical = {
+        name: (out.sequences if hasattr(out, "sequences") else out)[0].tolist() == reference
+        for name, out in outputs.items()
+    }
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    stats = {}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            out = run()
+            times[name].append(time.perf_counter() - start)
+            if hasattr(out, "stats"):
+                stats[name] = out.stats
+    median = {name: statistics.median(values) for name, values in times.items()}
+    alpha = stats["ours_constant"].acceptance_rate or 0.0
+    t_target = step_time(pair["target"], pair["prompt"])
+    t_draft = step_time(pair["draft"], pair["prompt"])
+    c = t_draft / t_target
+    theory = leviathan_speedup(alpha, gamma, c)
+    speedup = median["ours_plain"] / median["ours_constant"]
+    adaptive_stats = stats["ours_adaptive"]
+    return {
+        "median_s": median,
+        "identical_to_hf_plain": identical,
+        "alpha": alpha,
+        "gamma": gamma,
+        "c": c,
+        "t_target_step_ms": 1000 * t_target,
+        "t_draft_step_ms": 1000 * t_draft,
+        "theoretical_speedup_S": theory,
+        "speedup_constant_vs_ours_plain": speedup,
+        "efficiency_vs_S": speedup / theory,
+        "speedup_adaptive_vs_ours_plain": median["ours_plain"] / median["ours_adaptive"],
+        "adaptive_drafted": adaptive_stats.drafted,
+        "adaptive_rounds": adaptive_stats.rounds,
+        "ours_plain_vs_hf_plain": median["ours_plain"] / median["hf_plain"],
+        "hf_assisted_vs_hf_plain": median["hf_assisted"] / median["hf_plain"],
+        "ours_constant_vs_hf_assisted_speedup": median["hf_assisted"] / median["ours_constant"],
+        "ours_adaptive_vs_hf_assisted_speedup": median["hf_assisted"] / median["ours_adaptive"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", nargs="+", default=["self", "unrelated", "demo", "early_exit"])
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=str(RESULTS / "peer_compare.json"))
+    args = parser.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+    results = {}
+    for name, pair in build_pairs(args.pairs).items():
+        print(f"measuring {name} ...", file=sys.stderr, flush=True)
+        results[name] = measure(pair, args.gamma, args.repeats)
+    header = (
+        f"{'pair':<11} {'alpha':>5} {'c':>5} {'S':>5} {'ours/plain':>10} {'eff':>5} {'adaptive':>8} "
+        f"{'vs HF asst':>10} {'plain ours/HF':>13} {'HF asst/plain':>13}"
+    )
+    print(header)
+    for name, r in results.items():
+        print(
+            f"{name:<11} {r['alpha']:5.2f} {r['c']:5.2f} {r['theoretical_speedup_S']:5.2f} "
+            f"{r['speedup_constant_vs_ours_plain']:9.2f}x {r['efficiency_vs_S']:5.2f} "
+            f"{r['speedup_adaptive_vs_ours_plain']:7.2f}x {r['ours_adaptive_vs_hf_assisted_speedup']:9.2f}x "
+            f"{r['ours_plain_vs_hf_plain']:12.3f}x {r['hf_assisted_vs_hf_plain']:12.3f}x"
+        )
+    RESULTS.mkdir(exist_ok=True)
+    document = {
+        "command": "python " + " ".join(sys.argv),
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": {
+            "processor": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "notes": "ratios < 1 in *_vs_* entries named time/time mean faster; speedups > 1 mean faster",
+        "pairs": results,
+    }
+    Path(args.out).write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Time per token against prompt length and new tokens, assisted vs plain, and peak memory of each.
+
+    python benchmarks/scaling.py                    # writes benchmarks/results/scaling.json (+ .png with matplotlib)
+    python benchmarks/scaling.py --quick
+
+The loop must add no cost that grows with the sequence beyond the models' own attention: no
+re-encoding or copying of the prefix per step and no per-step cache copies. So the assisted/plain
+time-per-token ratio should stay flat as the prompt and the output grow. Plain and assisted runs
+alternate per case (medians over --repeats). Peak memory is the resident-set high-water mark of a
+fresh subprocess that loads the pair and runs the largest case in one mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from assisted_backends import generate  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def load_pair():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from assisted_backends.demo.pair import DemoBudget, ensure_demo_pair, shipped_pair
+
+    pair = shipped_pair() or ensure_demo_pair(budget=DemoBudget())
+    target = AutoModelForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(pair.target_dir)
+    source = tokenizer(pair.held_out_text.read_text(encoding="utf-8")).input_ids
+    return target, draft, source
+
+
+def run(target, draft, source, prompt_length: int, new_tokens: int, assisted: bool, gamma: int):
+    prompt = torch.tensor([(source * (1 + prompt_length // len(source)))[:prompt_length]])
+    extra = dict(assistant_model=draft, num_assistant_tokens=gamma) if assisted else {}
+    return generate(target, prompt, max_new_tokens=new_tokens, eos_token_id=[], device="cpu", **extra).stats
+
+
+def memory_probe(mode: str, prompt_length: int, new_tokens: int, gamma: int) -> None:
+    target, draft, source = load_pair()
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    run(target, draft, source, prompt_length, new_tokens, mode == "assisted", gamma)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"peak_rss_mib": peak / 1024, "generation_rss_growth_mib": (peak - baseline) / 1024}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt-lengths", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="prompts 256/1024, new tokens 64/256, 2 repeats")
+    parser.add_argument("--memory-probe", choices=["plain", "assisted"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.prompt_lengths, args.new_tokens, args.repeats = [256, 1024], [64, 256], 2
+    if args.memory_probe:
+        memory_probe(args.memory_probe, max(args.prompt_lengths), max(args.new_tokens), args.gamma)
+        return
+
+    target, draft, source = load_pair()
+    run(target, draft, source, 32, 8, True, args.gamma)  # warm-up
+    rows = []
+    for prompt_length in args.prompt_lengths:
+        for new_tokens in args.new_tokens:
+            times = {"plain": [], "assisted": []}
+            alpha = []
+            for repeat in range(args.repeats):
+                for mode in ["plain", "assisted"] if repeat % 2 == 0 else ["assisted", "plain"]:
+                    stats = run(target, draft, source, prompt_length, new_tokens, mode == "assisted", args.gamma)
+                    times[mode].append(stats.decode_s / max(1, stats.new_tokens - 1))
+                    if mode == "assisted":
+                        alpha.append(stats.acceptance_rate)
+            plain, assisted = statistics.median(times["plain"]), statistics.median(times["assisted"])
+            row = {
+                "prompt_tokens": prompt_length,
+                "new_tokens": new_tokens,
+                "plain_ms_per_token": 1000 * plain,
+                "assisted_ms_per_token": 1000 * assisted,
+                "assisted_over_plain": assisted / plain,
+                "acceptance_rate": statistics.median(alpha),
+            }
+            rows.append(row)
+            print(
+                f"prompt {prompt_length:5d} new {new_tokens:5d}: plain {1000 * plain:7.2f} ms/token, assisted "
+                f"{1000 * assisted:7.2f} ms/token ({assisted / plain:.2f}x time), α {row['acceptance_rate']:.2f}",
+                flush=True,
+            )
+
+    memory = {}
+    for mode in ("plain", "assisted"):
+        command = [
+            sys.executable,
+            __file__,
+            "--memory-probe",
+            mode,
+            "--gamma",
+            str(args.gamma),
+            "--prompt-lengths",
+            str(max(args.prompt_lengths)),
+            "--new-tokens",
+            str(max(args.new_tokens)),
+        ]
+        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        memory[mode] = json.loads(output)
+    print(
+        f"peak RSS (prompt {max(args.prompt_lengths)}, {max(args.new_tokens)} new tokens): "
+        f"plain {memory['plain']['peak_rss_mib']:.0f} MiB, assisted {memory['assisted']['peak_rss_mib']:.0f} MiB"
+    )
+
+    RESULTS.mkdir(exist_ok=True)
+    document = {
+        "command": "python " + " ".join(sys.argv),
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "torch_threads": torch.get_num_threads(),
+        "gamma": args.gamma,
+        "rows": rows,
+        "peak_memory": memory,
+    }
+    out = RESULTS / "scaling.json"
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axis = plt.subplots(figsize=(7, 4))
+        for new_tokens in args.new_tokens:
+            points = [r for r in rows if r["new_tokens"] == new_tokens]
+            axis.plot(
+                [r["prompt_tokens"] for r in points],
+                [r["plain_ms_per_token"] for r in points],
+                "o--",
+                label=f"plain, {new_tokens} new",
+            )
+            axis.plot(
+                [r["prompt_tokens"] for r in points],
+                [r["assisted_ms_per_token"] for r in points],
+                "o-",
+                label=f"assisted, {new_tokens} new",
+            )
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("prompt tokens")
+        axis.set_ylabel("ms per generated token (after prefill)")
+        axis.legend(fontsize=7)
+        figure.tight_layout()
+        figure.savefig(RESULTS / "scaling.png", dpi=110)
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Acceptance rate with a w8af32 draft against an fp32 draft, on a small trained pair.
+
+The pair (xeon_common.trained_pair: byte-level 4 x 256 target, 1 x 128 draft, trained on the same
+batches of the standard library's source) is run greedily through `assisted_backends.generate` on
+held-out prompts, with the fp32 target verifying every draft precision. Reported: α = accepted /
+drafted per precision, its drop against fp32 in points (goal: ≤ 2), and whether every output was
+token-identical to the fp32 draft's (it must be: the target decides).
+
+    python benchmarks/xeon_acceptance.py      # ~2 minutes on 2 cores once the pair is cached
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import warnings
+
+import torch
+from xeon_common import prompts, trained_pair, write_result
+
+from assisted_backends import generate
+from assisted_backends.backends.base import BackendOptions
+from assisted_backends.backends.cpu import CPUBackend
+from assisted_backends.xeon import quantize
+
+PRECISIONS = ("fp32", "bf16", "w8af32[dynamic]", "w8af32[int8pack]")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--prompt-length", type=int, default=96)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, draft, held_out = trained_pair()
+    inputs = prompts(held_out, args.prompts, args.prompt_length)
+
+    results, outputs = {}, {}
+    for name in PRECISIONS:
+        precision, _, method = name.partition("[")
+        if method:
+            quantize.DEFAULT_METHOD = method.rstrip("]")
+        backend = CPUBackend(BackendOptions(dtype="fp32", draft_precision=precision))
+        drafted = accepted = 0
+        sequences = []
+        for prompt in inputs:
+            result = generate(
+                target,
+                prompt,
+                assistant_model=draft,
+                max_new_tokens=args.new_tokens,
+                num_assistant_tokens=args.gamma,
+                backend=backend,
+            )
+            drafted += result.stats.drafted
+            accepted += result.stats.accepted
+            sequences.append(result.sequences)
+        outputs[name] = sequences
+        results[name] = {"drafted": drafted, "accepted": accepted, "acceptance_rate": round(accepted / drafted, 4)}
+        print(name, results[name], flush=True)
+
+    base = results["fp32"]["acceptance_rate"]
+    for name, row in results.items():
+        row["drop_vs_fp32_points"] = round(100 * (base - row["acceptance_rate"]), 2)
+        row["identical_output_to_fp32_draft"] = all(
+            torch.equal(a, b) for a, b in zip(outputs[name], outputs["fp32"], strict=True)
+        )
+    payload = {
+        "what": "greedy acceptance rate (accepted / drafted) on held-out prompts; fp32 target verifies every draft",
+        "pair": "byte-level Llama target 4x256 and draft 1x128 trained on the same stdlib batches (xeon_common.py)",
+        "settings": vars(args),
+        "threads": torch.get_num_threads(),
+        "acceptance": results,
+        "goal": "w8af32 drop <= 2 points",
+    }
+    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/xeon_acceptance.py", *sys.argv[1:]])
+    write_result("xeon_acceptance", command, payload)
+
+
+if __name__ == "__main__":
+    main()

@@ -185,7 +185,12 @@ def generate(
     policy = backend.padding(static_shapes)
     layout_name = "static" if static_shapes else (cache_layout or backend.cache_layout_for(model, assistant_model))
     draft_schedule = make_schedule(
-        schedule, gamma, policy.fixed_draft_length, DEFAULT_NUM_ASSISTANT_TOKENS, MAX_ADAPTIVE_GAMMA
+        schedule,
+        gamma,
+        policy.fixed_draft_length,
+        DEFAULT_NUM_ASSISTANT_TOKENS,
+        MAX_ADAPTIVE_GAMMA,
+        cost_prior=drafting.parameter_ratio(spec, model),
     )
     max_gamma = getattr(draft_schedule, "gamma", None) or draft_schedule.max_gamma
 

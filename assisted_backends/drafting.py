@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from transformers import PreTrainedModel
 
 from assisted_backends.core.drafters import Drafter, ModelDrafter
@@ -45,8 +46,12 @@ class DraftSpec:
 
 def vocab_size(model: PreTrainedModel) -> int:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and getattr(head, "weight", None) is not None:
-        return int(head.weight.shape[0])
+    out_features = getattr(head, "out_features", None)  # also right for quantized or prepacked (IPEX) heads
+    if isinstance(out_features, int):
+        return out_features
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return int(weight.shape[0])
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return int(config.vocab_size)
 
@@ -93,6 +98,16 @@ def needs_translation(spec: DraftSpec, target: PreTrainedModel) -> bool:
         return False
     same_vocab = spec.tokenizer.get_vocab() == spec.assistant_tokenizer.get_vocab()
     return not (same_vocab and vocab_size(spec.assistant_model) == vocab_size(target))
+
+
+def parameter_ratio(spec: DraftSpec, target: PreTrainedModel) -> float | None:
+    """Draft parameters / target parameters: the schedule's prior for the cost ratio c (None: no draft model)."""
+    if spec.assistant_early_exit is not None:
+        depth = target.config.get_text_config().num_hidden_layers
+        return spec.assistant_early_exit / depth
+    if spec.assistant_model is None:
+        return None
+    return sum(p.numel() for p in spec.assistant_model.parameters()) / sum(p.numel() for p in target.parameters())
 
 
 def build_drafter(

@@ -83,15 +83,15 @@ def build_pairs(names: list[str]):
     if {"demo", "early_exit"} & set(names):
         from transformers import AutoTokenizer
 
-        from assisted_backends.demo import ensure_demo_pair
+        from assisted_backends.demo.pair import ensure_demo_pair, shipped_pair
 
-        pair = ensure_demo_pair()
-        target = LlamaForCausalLM.from_pretrained(pair.target_dir).eval()
+        pair = shipped_pair() or ensure_demo_pair()
+        target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(pair.target_dir)
         text = pair.held_out_text.read_text(encoding="utf-8")
         prompt = torch.tensor([tokenizer(text[:20000]).input_ids[:128]])
         if "demo" in names:
-            draft = LlamaForCausalLM.from_pretrained(pair.draft_dir).eval()
+            draft = LlamaForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
             pairs["demo"] = dict(target=target, draft=draft, prompt=prompt, new_tokens=128, early_exit=None)
         if "early_exit" in names:
             pairs["early_exit"] = dict(
@@ -179,9 +179,10 @@ def main() -> None:
     parser.add_argument("--pairs", nargs="+", default=["self", "unrelated", "demo", "early_exit"])
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", default=str(RESULTS / "peer_compare.json"))
     args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
+    torch.set_num_threads(args.threads)
     results = {}
     for name, pair in build_pairs(args.pairs).items():
         print(f"measuring {name} ...", file=sys.stderr, flush=True)

@@ -91,9 +91,9 @@ def llama(hidden: int, layers: int, vocab: int, heads: int = 8, max_positions: i
 
 # --- the trained pair --------------------------------------------------------------------------------
 
-PAIR_STEPS = 600
+PAIR_STEPS = 300
 PAIR_SEQ = 128
-PAIR_BATCH = 16
+PAIR_BATCH = 8
 
 
 def _corpus(max_bytes: int = 4_000_000) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,20 +122,22 @@ def _train(model: LlamaForCausalLM, train: torch.Tensor, steps: int, seed: int) 
         for group in optimizer.param_groups:
             group["lr"] = 3e-3 * lr_scale
         starts = torch.randint(0, len(train) - PAIR_SEQ - 1, (PAIR_BATCH,), generator=generator)
-        batch = torch.stack([train[s : s + PAIR_SEQ + 1] for s in starts.tolist()])
+        batch = torch.stack([train[s : s + PAIR_SEQ] for s in starts.tolist()])
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=batch[:, :-1], labels=batch[:, 1:].clone()).loss
+            loss = model(input_ids=batch, labels=batch).loss  # transformers shifts the labels itself
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        if (step + 1) % 100 == 0:
+            print(f"  step {step + 1}/{steps}: loss {loss.item():.3f}", flush=True)
     model.eval()
 
 
 def trained_pair(steps: int = PAIR_STEPS) -> tuple[LlamaForCausalLM, LlamaForCausalLM, torch.Tensor]:
     """(target, draft, held-out bytes) — trained once (a minute or two on 2 cores), then loaded from the cache."""
     cache = Path(os.environ.get("ASSISTED_BACKENDS_CACHE", Path.home() / ".cache" / "assisted_backends"))
-    directory = cache / f"xeon_bench_pair_v1_{steps}"
+    directory = cache / f"xeon_bench_pair_v2_{steps}x{PAIR_BATCH}"
     train, held_out = _corpus()
     if (directory / "target" / "config.json").exists() and (directory / "draft" / "config.json").exists():
         target = LlamaForCausalLM.from_pretrained(directory / "target").eval()
@@ -152,6 +154,43 @@ def trained_pair(steps: int = PAIR_STEPS) -> tuple[LlamaForCausalLM, LlamaForCau
     target.save_pretrained(directory / "target")
     draft.save_pretrained(directory / "draft")
     return target, draft, held_out
+
+
+def load_pair(name: str) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor, str]:
+    """(target, draft, held-out token ids, description) for `--pair`.
+
+    "demo": the package's embedded demo pair (a 6 x 384 Llama target, a 1 x 128 draft, a 4096-token
+    BPE vocabulary, trained on the standard library; its weights ship under assisted_backends/demo/);
+    "bytes": the byte-level pair trained here (trained_pair); or a directory laid out like the demo
+    pair (target/, draft/, held_out.txt).
+    """
+    if name == "bytes":
+        target, draft, held_out = trained_pair()
+        return target, draft, held_out, "byte-level Llama target 4x256, draft 1x128 (xeon_common.trained_pair)"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name == "demo":
+        from assisted_backends.demo.pair import shipped_pair
+
+        pair = shipped_pair()
+        if pair is None:
+            raise SystemExit("the demo pair's weights are not in this checkout: pass --pair bytes or --pair DIR")
+        directory = pair.target_dir.parent
+    else:
+        directory = Path(name)
+    target = AutoModelForCausalLM.from_pretrained(directory / "target").float().eval()
+    draft = AutoModelForCausalLM.from_pretrained(directory / "draft").float().eval()
+    tokenizer = AutoTokenizer.from_pretrained(directory / "target")
+    text = (directory / "held_out.txt").read_text(encoding="utf-8")
+    held_out = torch.tensor(tokenizer(text, add_special_tokens=False).input_ids)
+    shape = f"{target.config.num_hidden_layers}x{target.config.hidden_size}"
+    draft_shape = f"{draft.config.num_hidden_layers}x{draft.config.hidden_size}"
+    return (
+        target,
+        draft,
+        held_out,
+        f"{name}: Llama target {shape}, draft {draft_shape}, vocabulary {target.config.vocab_size}",
+    )
 
 
 def prompts(held_out: torch.Tensor, count: int, length: int, seed: int = 0) -> list[torch.Tensor]:

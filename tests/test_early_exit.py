@@ -38,8 +38,9 @@ def test_hooks_on_the_view_do_not_reach_the_target():
 def test_early_exit_drafting_is_token_identical(arch, layout):
     target = tiny_model(arch, seed=0, layers=4)
     prompt = random_prompt(6, seed=3)
-    result = generate(target, prompt, assistant_early_exit=2, max_new_tokens=19, num_assistant_tokens=3,
-                      cache_layout=layout)
+    result = generate(
+        target, prompt, assistant_early_exit=2, max_new_tokens=19, num_assistant_tokens=3, cache_layout=layout
+    )
     assert torch.equal(result.sequences, reference_greedy(target, prompt, 19))
     assert result.stats.drafter == "early_exit" and result.stats.drafted > 0
 

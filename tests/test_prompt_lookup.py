@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-from stats_tools import chi_square_p_value
-from test_lossless_sampling import ALPHA_EACH, NEW, PROMPT, V, exact_joint, statistics
+from stats_tools import NEW, PROMPT, V, assert_same_distribution, exact_joint, sample_counts
 from tiny_models import random_prompt, reference_greedy, tiny_model
 from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper
 
@@ -74,16 +73,15 @@ def test_sampling_with_prompt_lookup_matches_plain_sampling():
     """Same exact-enumeration chi-square test as tests/test_lossless_sampling.py (false alarms ≤ 1e-3):
     q is a point mass, so each lookup token is accepted with probability p(x)."""
     target = tiny_model("llama", seed=0, vocab=V, init=0.15)
-    counts = torch.zeros([V] * NEW, dtype=torch.float64)
-    accepted = drafted = 0
-    for seed in range(2500):
-        result = generate(target, PROMPT, prompt_lookup_num_tokens=3, max_new_tokens=NEW, do_sample=True, seed=seed)
-        counts[tuple(result.sequences[0, PROMPT.shape[1] :].tolist())] += 1
-        accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
-    assert 0.1 < accepted / drafted < 0.9, "lookups must be both accepted and rejected for this test to mean anything"
-    expected = exact_joint(target, LogitsProcessorList([TemperatureLogitsWarper(1.0)]))
-    for observed, probs in zip(statistics(counts), statistics(expected)):
-        assert chi_square_p_value(observed, probs) > ALPHA_EACH
-    shifted = exact_joint(target, LogitsProcessorList([TemperatureLogitsWarper(1.5)]))
-    rejections = [chi_square_p_value(o, p) < ALPHA_EACH for o, p in zip(statistics(counts), statistics(shifted))]
-    assert any(rejections), "power check: the test must tell the target at temperature 1.5 apart"
+    counts, acceptance = sample_counts(
+        lambda seed: generate(
+            target, PROMPT, prompt_lookup_num_tokens=3, max_new_tokens=NEW, do_sample=True, seed=seed
+        ),
+        2500,
+    )
+    assert 0.1 < acceptance < 0.9, "lookups must be both accepted and rejected for this test to mean anything"
+    assert_same_distribution(
+        counts,
+        exact_joint(target, LogitsProcessorList([TemperatureLogitsWarper(1.0)])),
+        other=exact_joint(target, LogitsProcessorList([TemperatureLogitsWarper(1.5)])),
+    )

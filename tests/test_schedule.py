@@ -39,7 +39,7 @@ def test_good_cheap_draft_speculates_deeply():
 
 
 def test_useless_draft_turns_speculation_off_and_probes():
-    schedule = AdaptiveSchedule(max_gamma=8, probe_every=16)
+    schedule = AdaptiveSchedule(max_gamma=8)
     chosen = _drive(schedule, alpha=0.0, t_draft=0.3, t_target=1.0, rounds=100)
     tail = chosen[10:]
     assert tail.count(0) >= 0.9 * len(tail)
@@ -54,6 +54,18 @@ def test_draft_as_costly_as_the_target_stays_plain():
         gamma = schedule.draft_length()
         schedule.update(RoundObservation(gamma, gamma, gamma * 1.0, 1.0 + 0.2 * gamma))
     assert schedule.chosen[5:].count(0) >= 0.9 * len(schedule.chosen[5:])
+
+
+def test_a_draft_as_large_as_the_target_is_never_tried():
+    schedule = AdaptiveSchedule(max_gamma=8, cost_prior=1.0)
+    assert _drive(schedule, alpha=1.0, t_draft=1.0, t_target=1.0, rounds=20) == [0] * 20
+
+
+def test_probe_interval_follows_the_probe_cost():
+    cheap, costly = AdaptiveSchedule(), AdaptiveSchedule()
+    _drive(cheap, alpha=0.0, t_draft=0.02, t_target=1.0, rounds=5)
+    _drive(costly, alpha=0.0, t_draft=0.5, t_target=1.0, rounds=5)
+    assert cheap.probe_interval() < costly.probe_interval() <= costly.max_probe_interval
 
 
 def test_make_schedule_rules():

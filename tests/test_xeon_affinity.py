@@ -16,6 +16,7 @@ from tiny_models import tiny_model
 
 from assisted_backends.xeon import affinity
 
+NUMACTL_LANE = os.environ.get("ASSISTED_BACKENDS_NUMACTL_LANE") == "1"  # .ci/lanes/numactl.sh: never skip
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 needs_taskset = pytest.mark.skipif(not CPUS or shutil.which("taskset") is None, reason="needs Linux taskset")
 
@@ -78,12 +79,37 @@ def test_taskset_with_too_many_threads_warns():
     assert "ThreadOversubscriptionWarning" in stderr
 
 
-@pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl is not installed (apt-get install numactl)")
+def _require(tool: str) -> None:
+    if shutil.which(tool) is None:
+        if NUMACTL_LANE:
+            pytest.fail(f"{tool} is missing in the numactl lane")
+        pytest.skip(f"{tool} is not installed (apt-get install numactl)")
+
+
 def test_numactl_pinned_run_reports_cpu_and_memory_node():
+    _require("numactl")
     node = "0"
     report, _ = _report(["numactl", "-C", str(CPUS[0]), "-m", node], OMP_NUM_THREADS="1")
     assert report["cpu_affinity"] == str(CPUS[0]) and report["numa_memory_nodes"] == node
     assert report["omp_num_threads"] == "1" and "thread_warning" not in report
+
+
+@needs_taskset
+def test_torch_xeon_launcher_pins_and_sets_threads():
+    """`python -m torch.backends.xeon.run_cpu` (numactl where present, else taskset) on a .py program."""
+    cpu = str(CPUS[-1])
+    script = os.path.join(os.path.dirname(affinity.__file__), "affinity.py")
+    launcher = [sys.executable, "-m", "torch.backends.xeon.run_cpu", "--core-list", cpu, "--ncores-per-instance", "1"]
+    run = subprocess.run(
+        [*launcher, "--disable-iomp", "--use-default-allocator", script],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["cpu_affinity"] == cpu and report["omp_num_threads"] == "1" and report["torch_threads"] == "1"
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +130,7 @@ def saved_pair(tmp_path_factory):
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs (torch caps its pool at the machine's cores)")
 @pytest.mark.parametrize("launcher", ["taskset", "numactl"])
 def test_cli_under_a_pinning_launcher_reports_the_affinity(saved_pair, tmp_path, launcher):
-    if shutil.which(launcher) is None:
-        pytest.skip(f"{launcher} is not installed")
+    _require(launcher)
     cpu = str(CPUS[-1])
     pin = ["taskset", "-c", cpu] if launcher == "taskset" else ["numactl", "-C", cpu, "-m", "0"]
     out = tmp_path / "out.json"

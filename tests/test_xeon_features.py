@@ -5,8 +5,8 @@ import torch
 from tiny_models import random_prompt, tiny_model
 
 from assisted_backends import generate
-from assisted_backends.backends.cpu import CPUBackend
 from assisted_backends.backends.base import BackendOptions
+from assisted_backends.backends.cpu import CPUBackend
 from assisted_backends.xeon import cpu_features, precision
 
 SAPPHIRE_RAPIDS = "avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8 avx512_fp16"
@@ -59,7 +59,11 @@ def test_detection_has_no_side_effects(tmp_path):
 
 @pytest.mark.parametrize(
     ("flags", "expected", "phrase"),
-    [(SAPPHIRE_RAPIDS, torch.bfloat16, "AMX-BF16"), (ZEN4, torch.bfloat16, "AVX512-BF16"), (SKYLAKE, torch.float32, "no AMX")],
+    [
+        (SAPPHIRE_RAPIDS, torch.bfloat16, "AMX-BF16"),
+        (ZEN4, torch.bfloat16, "AVX512-BF16"),
+        (SKYLAKE, torch.float32, "no AMX"),
+    ],
 )
 def test_auto_dtype_follows_the_flags(tmp_path, flags, expected, phrase):
     choice = precision.target_choice("auto", cpu_features.detect(fake_cpuinfo(tmp_path, flags)))

@@ -83,7 +83,11 @@ def test_bf16_target_assisted_equals_bf16_target_alone(draft_precision):
     assert torch.equal(assisted.sequences, alone.sequences)
     with torch.inference_mode():
         hf = target.generate(
-            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=MAX_NEW_TOKENS, do_sample=False, pad_token_id=0
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=MAX_NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
         )
     assert torch.equal(alone.sequences, hf)
 

@@ -102,7 +102,7 @@ class CPUBackend(Backend):
                 f"this model was rewritten in place by intel-extension-for-pytorch ({previous[0]}), so it cannot "
                 f"also run as {label}: load it again, or pass a separate draft model"
             )
-        needs_copy = choice.quantize or (role == "draft" and dtype != current)
+        needs_copy = choice.quantize or (role == "draft" and (dtype != current or use_ipex))
         if needs_copy:
             prepared = self._prepared_copy(model, choice, dtype)
             _COPIES.setdefault(model, {})[signature] = prepared

@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from assisted_backends.core import hf_compat
+
 # The draft the seed scripts pair with each target family when none is given.
 DEFAULT_ASSISTANTS = {
     "opt": "facebook/opt-125m",
@@ -47,7 +49,7 @@ def _offline_hint(name: str, what: str) -> str:
 def load_model(name: str, what: str, torch_dtype: torch.dtype | None) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained`, trying the local cache first."""
     resolved = _resolve(name, what)
-    kwargs = {"dtype": torch_dtype} if torch_dtype is not None else {}
+    kwargs = hf_compat.dtype_kwargs(torch_dtype)  # `dtype=` or, before transformers 4.56, `torch_dtype=`
     try:
         return AutoModelForCausalLM.from_pretrained(resolved, local_files_only=True, **kwargs).eval()
     except (OSError, ValueError) as local_error:

@@ -12,6 +12,7 @@ from assisted_backends.cli import benchmark
 from assisted_backends.cli.args import build_parser, validate
 from assisted_backends.cli.loading import CLIError
 from assisted_backends.cli.session import Session, open_session
+from assisted_backends.demo.pair import DEMO_REPETITION_PENALTY
 from assisted_backends.distributed import is_main_process
 
 DEMO_PROMPT = "import os\nimport sys\n\n\ndef main(argv=None):\n"
@@ -45,6 +46,9 @@ def _generate_task(session: Session, log) -> None:
     args = session.args
     text = _read_prompt(args, session)
     encoded = session.tokenizer(text, return_tensors="pt")
+    if session.held_out_text is not None and args.repetition_penalty is None:
+        args.repetition_penalty = DEMO_REPETITION_PENALTY
+        print(f"note: demo pair: --repetition-penalty {DEMO_REPETITION_PENALTY} (pass 1.0 for plain greedy)", file=log)
     result = session.generate(encoded.input_ids, args.max_new_tokens, assisted=session.assisted)
     new_ids = result.sequences[0, encoded.input_ids.shape[1] :]
     completion = session.tokenizer.decode(new_ids, skip_special_tokens=True)

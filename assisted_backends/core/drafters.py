@@ -40,7 +40,7 @@ class Drafter(ABC):
 
     @abstractmethod
     def prefill(self, buffer: TokenBuffer) -> None:
-        """See the prompt (all committed tokens)."""
+        """See the committed tokens (called once, before the first proposal; the last one may stay pending)."""
 
     @abstractmethod
     def propose(
@@ -71,7 +71,7 @@ class ModelDrafter(Drafter):
         return self.runner.forward_count
 
     def prefill(self, buffer: TokenBuffer) -> None:
-        self.runner.forward(buffer.committed(), last_only=True)
+        self.runner.forward(buffer.ids[:, : buffer.length - 1], last_only=True)  # the newest stays pending
 
     def propose(
         self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None

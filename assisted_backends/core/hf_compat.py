@@ -10,7 +10,10 @@ import inspect
 from functools import cache
 
 import torch
+import transformers
 from transformers import DynamicCache, PreTrainedModel, StaticCache
+
+_TRANSFORMERS_VERSION = tuple(int(part) for part in transformers.__version__.split(".")[:2])
 
 
 @cache
@@ -86,6 +89,13 @@ def keep_returned_cache(cache, output) -> None:
     """Store the tuple cache a legacy model returned (a no-op for Cache objects, updated in place)."""
     if isinstance(cache, LegacyCache):
         cache.layers = tuple(output.past_key_values)
+
+
+def dtype_kwargs(dtype: torch.dtype | None) -> dict[str, torch.dtype]:
+    """The keyword `from_pretrained` takes a dtype under: `dtype` from transformers 4.56, `torch_dtype` before."""
+    if dtype is None:
+        return {}
+    return {"dtype": dtype} if _TRANSFORMERS_VERSION >= (4, 56) else {"torch_dtype": dtype}
 
 
 def new_dynamic_cache(model: PreTrainedModel) -> DynamicCache | LegacyCache:

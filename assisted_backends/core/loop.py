@@ -60,11 +60,11 @@ def decode(
         raise NotImplementedError("the loop commits one row at a time; batch size must be 1")
     started = time.perf_counter()
 
-    # Prefill: the target sees the prompt and picks the first token; the drafter sees the prompt.
+    # Prefill: the target sees the prompt and picks the first token. The drafter sees the committed
+    # tokens only when it is first asked to draft, so a schedule that never speculates never pays for it.
     logits = target.forward(buffer.committed(), last_only=True)
     first = _choose_first(logits, buffer.committed(), selector, generator)
-    if drafter is not None:
-        drafter.prefill(buffer)
+    draft_ready = False
     buffer.ids[:, buffer.length] = first
     new_tokens, finished = _commit_count(buffer.ids[:, buffer.length : buffer.length + 1], settings.eos_token_ids)
     buffer.length += new_tokens
@@ -78,6 +78,9 @@ def decode(
             gamma = min(gamma, remaining - 1)  # never draft what cannot be committed
         start = buffer.length
 
+        if gamma > 0 and not draft_ready:
+            drafter.prefill(buffer)
+            draft_ready = True
         round_started = time.perf_counter()
         proposal = drafter.propose(buffer, gamma, selector, generator) if gamma > 0 else Proposal(0)
         if settings.fixed_draft_length and proposal.count != gamma:

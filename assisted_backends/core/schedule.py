@@ -9,10 +9,12 @@ while γ = 0 wins it probes with γ = 1 now and then, so a rising α is noticed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
 SCHEDULE_NAMES = ("adaptive", "constant")
+NEVER_PAYS_COST_RATIO = 0.9  # draft parameters / target parameters from which speculation is not tried
 
 
 @dataclass(frozen=True)
@@ -82,13 +84,22 @@ class AdaptiveSchedule:
     """
 
     def __init__(
-        self, max_gamma: int = 8, initial: int = 3, probe_every: int = 16, margin: float = 0.03, decay: float = 0.9
+        self,
+        max_gamma: int = 8,
+        initial: int = 3,
+        max_probe_interval: int = 32,
+        probe_budget: float = 0.02,
+        margin: float = 0.03,
+        decay: float = 0.95,
+        cost_prior: float | None = None,
     ) -> None:
         if max_gamma < 1:
             raise ValueError(f"num_assistant_tokens (the adaptive schedule's maximum γ) must be >= 1, got {max_gamma}")
         self.max_gamma = max_gamma
         self.initial = min(initial, max_gamma)
-        self.probe_every = probe_every
+        self.max_probe_interval = max_probe_interval
+        self.probe_budget = probe_budget
+        self.never = cost_prior is not None and cost_prior >= NEVER_PAYS_COST_RATIO
         self.margin = margin
         self.decay = decay
         self.successes = 0.0
@@ -118,14 +129,23 @@ class AdaptiveSchedule:
         best = max(range(1, self.max_gamma + 1), key=self.tokens_per_second)
         return best if self.tokens_per_second(best) > (1 + self.margin) * self.tokens_per_second(0) else 0
 
+    def probe_interval(self) -> int:
+        """Plain rounds between probes. A γ = 1 probe that accepts nothing costs (t_d + b) / t_v(1) of a
+        round more than plain decoding; probing that often keeps the overhead within `probe_budget`."""
+        plain = self.plain_pass.value or 1e-9
+        overhead = ((self.draft_step.value or 0.0) + (self.per_extra_token.value or 0.0)) / plain
+        return max(2, min(self.max_probe_interval, math.ceil(overhead / self.probe_budget)))
+
     def draft_length(self) -> int:
-        if self.rounds == 0:
+        if self.never:
+            gamma = 0  # a draft about as costly as the target: S <= (γ+1)/(γc+1) <= 1 for c >= 1
+        elif self.rounds == 0:
             gamma = 0  # measure t_v(1)
         elif self.draft_step.value is None:
             gamma = self.initial  # measure α, t_d and b
         else:
             gamma = self.best_gamma()
-            if gamma == 0 and self.plain_streak >= self.probe_every:
+            if gamma == 0 and self.plain_streak >= self.probe_interval():
                 gamma = 1  # probe: has α risen?
         self.chosen.append(gamma)
         return gamma
@@ -146,7 +166,12 @@ class AdaptiveSchedule:
 
 
 def make_schedule(
-    name: str | None, num_assistant_tokens: int | None, fixed_shapes: bool, default_gamma: int, max_gamma: int
+    name: str | None,
+    num_assistant_tokens: int | None,
+    fixed_shapes: bool,
+    default_gamma: int,
+    max_gamma: int,
+    cost_prior: float | None = None,
 ) -> DraftSchedule:
     """`constant` when γ is fixed by the user or by static shapes, else `adaptive` (the default)."""
     if name is not None and name not in SCHEDULE_NAMES:
@@ -157,4 +182,4 @@ def make_schedule(
         name = "constant" if (num_assistant_tokens is not None or fixed_shapes) else "adaptive"
     if name == "constant":
         return ConstantSchedule(num_assistant_tokens or default_gamma)
-    return AdaptiveSchedule(max_gamma=num_assistant_tokens or max_gamma)
+    return AdaptiveSchedule(max_gamma=num_assistant_tokens or max_gamma, cost_prior=cost_prior)

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-EARLY_EXIT_WEIGHT = 0.3
-
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -61,13 +59,8 @@ def train_models(
     sequence_length: int,
     seed: int,
     on_step: Callable[[int, list[float]], None] = lambda step, losses: None,
-    early_exit_layer: int = 0,
 ) -> list[float]:
-    """Train every model in `models` on the same random windows of `tokens` [N]; return final losses.
-
-    `early_exit_layer` k > 0 adds a LayerSkip-style loss on the output of layer k through the final
-    norm and head (for models deeper than k), so the first k layers make a usable self-speculative draft.
-    """
+    """Train every model in `models` on the same random windows of `tokens` [N]; return final losses."""
     generator = torch.Generator().manual_seed(seed)
     optimizers = [_optimizer(model) for model in models]
     bases = [optimizer.param_groups[0]["lr"] for optimizer in optimizers]
@@ -80,14 +73,9 @@ def train_models(
         for index, (model, optimizer) in enumerate(zip(models, optimizers)):
             for group in optimizer.param_groups:
                 group["lr"] = bases[index] * _lr_scale(step, steps)
-            labels = window[:, 1:].flatten()
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                output = model(input_ids=window[:, :-1], output_hidden_states=bool(early_exit_layer))
-                loss = torch.nn.functional.cross_entropy(output.logits.float().flatten(0, 1), labels)
-                if early_exit_layer and model.config.num_hidden_layers > early_exit_layer:
-                    exit_logits = model.lm_head(model.model.norm(output.hidden_states[early_exit_layer]))
-                    exit_loss = torch.nn.functional.cross_entropy(exit_logits.float().flatten(0, 1), labels)
-                    loss = loss + EARLY_EXIT_WEIGHT * exit_loss
+                logits = model(input_ids=window[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten())
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -97,3 +85,45 @@ def train_models(
     for model in models:
         model.eval()
     return losses
+
+
+def distill(
+    student: LlamaForCausalLM,
+    teacher: LlamaForCausalLM,
+    tokens: torch.Tensor,
+    steps: int,
+    batch_size: int,
+    sequence_length: int,
+    seed: int,
+    on_step: Callable[[int, float], None] = lambda step, loss: None,
+) -> float:
+    """Fit the draft q to the target p: minimise KL(p ‖ q) on random windows of `tokens` (teacher forcing).
+
+    Acceptance is the overlap of the two distributions (α = Σ min(p, q) when sampling; agreement of
+    the argmaxes when greedy), so matching the target beats matching the data for a draft.
+    """
+    generator = torch.Generator().manual_seed(seed + 1)
+    optimizer = _optimizer(student)
+    base = optimizer.param_groups[0]["lr"]
+    student.train()
+    teacher.eval()
+    loss_value = float("nan")
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = base * _lr_scale(step, steps)
+        starts = torch.randint(0, tokens.numel() - sequence_length, (batch_size,), generator=generator)
+        window = torch.stack([tokens[s : s + sequence_length] for s in starts.tolist()])  # [B, T]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.inference_mode():
+                target_log_p = torch.log_softmax(teacher(input_ids=window).logits.float(), dim=-1)
+            log_q = torch.log_softmax(student(input_ids=window).logits.float(), dim=-1)
+        target_log_p = target_log_p.clone()  # leave inference mode's tensor behind for autograd
+        loss = torch.nn.functional.kl_div(log_q, target_log_p, log_target=True, reduction="batchmean") / sequence_length
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_value = float(loss.detach())
+        on_step(step, loss_value)
+    student.eval()
+    return loss_value

@@ -1,0 +1,148 @@
+"""End to end on the CPU: assisted against plain decoding on the same trained pair, fp32 and bf16.
+
+Both modes run through `assisted_backends.generate` (plain = no assistant, the same loop), greedy,
+on held-out prompts, interleaved prompt by prompt; medians of the per-prompt wall time. Also the
+measured α and c (draft step / target step) and Leviathan's expected speedup
+S = (1 - α^(γ+1)) / ((1 - α)(γc + 1)), so measured / S is the loop's efficiency.
+
+    python benchmarks/xeon_end_to_end.py        # ~4 minutes on 2 cores once the pair is cached
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import shlex
+import statistics
+import sys
+import warnings
+
+import torch
+from xeon_common import interleaved, load_pair, median_ms, prompts, write_result
+
+from assisted_backends import generate
+from assisted_backends.backends.base import BackendOptions
+from assisted_backends.backends.cpu import CPUBackend
+from assisted_backends.core import hf_compat
+
+
+def _step_time(model: torch.nn.Module, context: torch.Tensor, repeats: int = 30) -> float:
+    """Median seconds of one decode step on top of `context` (for c)."""
+    cache = hf_compat.new_dynamic_cache(model)
+    with torch.inference_mode():
+        model(input_ids=context, past_key_values=cache, use_cache=True)
+    token = context[:, -1:]
+
+    def step():
+        with torch.inference_mode():
+            model(input_ids=token, past_key_values=cache, use_cache=True)
+            hf_compat.crop_dynamic_cache(cache, context.shape[1])
+
+    return statistics.median(interleaved({"step": step}, repeats)["step"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--prompt-length", type=int, default=96)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--pair", default="demo", help="demo (the embedded pair), bytes, or a directory")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, draft, held_out, pair_description = load_pair(args.pair)
+    inputs = prompts(held_out, args.prompts, args.prompt_length, seed=1)
+
+    configs = {}  # name: (backend, target copy, draft or None)
+    for dtype in ("fp32", "bf16"):
+        own_target = target if dtype == "fp32" else copy.deepcopy(target)  # bf16 casts its target in place
+        for draft_precision in (None, "fp32", "w8af32"):
+            backend = CPUBackend(BackendOptions(dtype=dtype, draft_precision=draft_precision or dtype))
+            name = f"{dtype} plain" if draft_precision is None else f"{dtype} assisted, draft {draft_precision}"
+            configs[name] = (backend, own_target, None if draft_precision is None else draft)
+
+    stats = {name: [] for name in configs}
+
+    def run(name: str, prompt: torch.Tensor):
+        backend, own_target, own_draft = configs[name]
+
+        def once():
+            result = generate(
+                own_target,
+                prompt,
+                assistant_model=own_draft,
+                max_new_tokens=args.new_tokens,
+                num_assistant_tokens=args.gamma,
+                eos_token_id=[],
+                backend=backend,
+            )
+            stats[name].append(result.stats)
+
+        return once
+
+    per_prompt = {name: [] for name in configs}
+    for index, prompt in enumerate(inputs):
+        samples = interleaved({name: run(name, prompt) for name in configs}, args.repeats, warmup=1)
+        for name, values in samples.items():
+            per_prompt[name].append(statistics.median(values))
+        print(
+            f"prompt {index + 1}/{len(inputs)}",
+            {n: f"{1000 * v[-1]:.0f} ms" for n, v in per_prompt.items()},
+            flush=True,
+        )
+
+    context = inputs[0]
+    results = {}
+    for dtype in ("fp32", "bf16"):
+        plain = statistics.median(per_prompt[f"{dtype} plain"])
+        prepared_target = configs[f"{dtype} plain"][0].prepare(configs[f"{dtype} plain"][1], "target")
+        t_target = _step_time(prepared_target, context)
+        results[f"{dtype} plain"] = {
+            "median_s_per_prompt": round(plain, 4),
+            "target_step_ms": round(1000 * t_target, 3),
+        }
+        for draft_precision in ("fp32", "w8af32"):
+            name = f"{dtype} assisted, draft {draft_precision}"
+            backend = configs[name][0]
+            t_draft = _step_time(backend.prepare(draft, "draft"), context)
+            drafted = sum(s.drafted for s in stats[name])
+            accepted = sum(s.accepted for s in stats[name])
+            alpha = accepted / drafted
+            c = t_draft / t_target
+            g = args.gamma
+            expected = (1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c + 1)) if alpha < 1 else (g + 1) / (g * c + 1)
+            assisted = statistics.median(per_prompt[name])
+            mean_length = statistics.mean(s.mean_accepted_length for s in stats[name])
+            results[name] = {
+                "median_s_per_prompt": round(assisted, 4),
+                "speedup_vs_plain": round(plain / assisted, 3),
+                "acceptance_rate": round(alpha, 4),
+                "mean_accepted_length": round(mean_length, 3),
+                "draft_step_ms": round(1000 * t_draft, 3),
+                "c": round(c, 3),
+                "leviathan_expected_speedup": round(expected, 3),
+                "efficiency": round((plain / assisted) / expected, 3),
+                # α-based S assumes independent acceptances; runs of accepted tokens are correlated, so the
+                # measured tokens per round (mean accepted length) give the tighter bound E / (γc + 1).
+                "expected_from_mean_accepted_length": round(mean_length / (g * c + 1), 3),
+                "efficiency_vs_that": round((plain / assisted) / (mean_length / (g * c + 1)), 3),
+            }
+            print(name, results[name], flush=True)
+    payload = {
+        "what": "greedy generation, median wall time per prompt; plain = the same loop without a draft",
+        "pair": pair_description,
+        "settings": vars(args),
+        "threads": torch.get_num_threads(),
+        "median_ms_per_prompt": {name: median_ms(values) for name, values in per_prompt.items()},
+        "results": results,
+    }
+    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/xeon_end_to_end.py", *sys.argv[1:]])
+    write_result("xeon_end_to_end", command, payload)
+
+
+if __name__ == "__main__":
+    main()

@@ -63,14 +63,25 @@ def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
 
 
 class _Ema:
-    """Exponential moving average; None until the first sample."""
+    """Exponential moving average of a time, robust to what disturbs CPU timings.
+
+    The first sample is dropped (a shape's first call pays for kernel selection and allocation), and
+    later samples are clipped at 3x the running value (a descheduled thread is no property of the model).
+    """
 
     def __init__(self, weight: float) -> None:
         self.weight = weight
         self.value: float | None = None
+        self._warm = False
 
     def add(self, sample: float) -> None:
-        self.value = sample if self.value is None else (1 - self.weight) * self.value + self.weight * sample
+        if not self._warm:
+            self._warm = True
+            return
+        if self.value is None:
+            self.value = sample
+        else:
+            self.value = (1 - self.weight) * self.value + self.weight * min(sample, 3 * self.value)
 
 
 class AdaptiveSchedule:
@@ -78,9 +89,10 @@ class AdaptiveSchedule:
 
     α is the decayed success ratio of verification decisions (a round with n of γ accepted shows n
     successes and, if n < γ, one failure), with a Beta(1, 1) prior. t_v(q) is modelled as
-    t_v(1) + (q − 1)·b: t_v(1) from plain rounds, b from speculative ones. The first round is plain
-    (measures t_v(1)), the second drafts `initial` tokens; a switch to speculation must beat plain
-    decoding by `margin`, so break-even pairs (c ≈ α) stay plain.
+    t_v(1) + (q − 1)·b: t_v(1) from plain rounds, b from speculative ones. The first two rounds are
+    plain (measure t_v(1)), the next two draft `initial` tokens (measure t_d and b; each estimate
+    drops its first sample); a switch to speculation must beat plain decoding by `margin`, so
+    break-even pairs (c ≈ α) stay plain.
     """
 
     def __init__(
@@ -139,10 +151,10 @@ class AdaptiveSchedule:
     def draft_length(self) -> int:
         if self.never:
             gamma = 0  # a draft about as costly as the target: S <= (γ+1)/(γc+1) <= 1 for c >= 1
-        elif self.rounds == 0:
-            gamma = 0  # measure t_v(1)
+        elif self.plain_pass.value is None:
+            gamma = 0  # measure t_v(1) (two rounds: the first one's time is dropped)
         elif self.draft_step.value is None:
-            gamma = self.initial  # measure α, t_d and b
+            gamma = self.initial  # measure α, t_d and b (likewise)
         else:
             gamma = self.best_gamma()
             if gamma == 0 and self.plain_streak >= self.probe_interval():

@@ -123,6 +123,7 @@ def test_same_vocabulary_uses_the_ordinary_draft_model(tokenizers):
         tokenizer=target_tokenizer,
         assistant_tokenizer=target_tokenizer,
         max_new_tokens=8,
+        num_assistant_tokens=3,
     )
     assert result.stats.drafter == "draft_model"
     assert result.stats.acceptance_rate == 1.0

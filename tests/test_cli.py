@@ -67,6 +67,8 @@ def test_generate_task_writes_the_json_schema(saved_pair, tmp_path, capsys):
         str(saved_pair / "draft"),
         "--max-new-tokens",
         "12",
+        "--num-assistant-tokens",
+        "3",
         "--dtype",
         "fp32",
         "--prompt",
@@ -86,7 +88,8 @@ def test_no_assisted_and_assisted_give_the_same_greedy_tokens(saved_pair, tmp_pa
     common = ["-m", str(saved_pair / "target"), "--max-new-tokens", "15", "--dtype", "fp32", "--prompt", "for i in"]
     plain, assisted = tmp_path / "plain.json", tmp_path / "assisted.json"
     assert _run(capsys, *common, "--no-assisted", "--json", str(plain))[0] == 0
-    assert _run(capsys, *common, "--assistant_model", str(saved_pair / "draft"), "--json", str(assisted))[0] == 0
+    draft = ["--assistant_model", str(saved_pair / "draft"), "--num_assistant_tokens", "3"]
+    assert _run(capsys, *common, *draft, "--json", str(assisted))[0] == 0
     plain_data, assisted_data = json.loads(plain.read_text()), json.loads(assisted.read_text())
     assert plain_data["generated_token_ids"] == assisted_data["generated_token_ids"]
     assert plain_data["stats"]["drafted"] == 0 and assisted_data["stats"]["drafted"] > 0
@@ -132,6 +135,8 @@ def test_benchmark_compare_writes_table_json_and_csv(saved_pair, tmp_path, capsy
         "--task",
         "benchmark",
         "--compare",
+        "--num-assistant-tokens",
+        "3",
         "--dtype",
         "fp32",
         "--prompt-lengths",
@@ -258,7 +263,7 @@ def test_console_script_runs_the_demo_pair_end_to_end(tmp_path):
     completed = subprocess.run(
         [
             "run-assisted-generation",
-            "--demo-budget",
+            "--demo-pair",
             "smoke",
             "--demo-dir",
             str(tmp_path),

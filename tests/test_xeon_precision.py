@@ -152,7 +152,10 @@ def test_self_draft_in_another_precision_leaves_the_target_alone():
     target = tiny_model("llama", seed=0)
     prompt = random_prompt(5, seed=5)
     reference = reference_greedy(target, prompt, 12)
-    result = generate(target, prompt, assistant_model=target, max_new_tokens=12, dtype="fp32", draft_precision="bf16")
+    result = generate(
+        target, prompt, assistant_model=target, max_new_tokens=12, num_assistant_tokens=4, dtype="fp32",
+        draft_precision="bf16",
+    )
     assert next(target.parameters()).dtype == torch.float32
     assert torch.equal(result.sequences, reference)
     assert result.stats.acceptance_rate > 0.5

@@ -133,7 +133,7 @@ def test_ipex_forced_on_fp32_matches_the_native_reference(monkeypatch, arch):
     prompt = random_prompt(6, seed=6)
     reference = reference_greedy(target, prompt, 17)  # before IPEX rewrites the target
     backend = CPUBackend(BackendOptions(dtype="fp32"))
-    result = generate(target, prompt, assistant_model=draft, max_new_tokens=17, backend=backend)
+    result = generate(target, prompt, assistant_model=draft, max_new_tokens=17, num_assistant_tokens=3, backend=backend)
     assert backend.describe()["ipex_target"].startswith("used")
     if arch != "gpt2":  # GPT-2's Conv1D layers and tied head are left to PyTorch by ipex.optimize
         assert _ipex_modules(target)

@@ -103,6 +103,8 @@ def graphs_of(backend: CUDABackend, model, role: str) -> StepGraphs:
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_graphed_assisted_greedy_matches_target_generate(arch, gamma):
     target, draft = pair(arch)
+    if not graph_capturable(target):
+        pytest.skip(f"{arch} has no static cache in this transformers version (the backend falls back to dynamic)")
     backend = CUDABackendOnCPU()
     for prompt_length in (1, 6):
         result = generate(
@@ -150,10 +152,10 @@ def test_static_shapes_bound_the_number_of_graphs():
 
 
 def test_plain_decoding_replays_one_graph():
-    target, _ = pair("gpt2")
+    target, _ = pair("llama")
     backend = CUDABackendOnCPU()
     result = generate(target, random_prompt(6, seed=6), max_new_tokens=MAX_NEW_TOKENS, backend=backend)
-    assert torch.equal(result.sequences, expected("gpt2", 6))
+    assert torch.equal(result.sequences, expected("llama", 6))
     graphs = graphs_of(backend, target, "target")
     assert graphs.stats.captures == 1 and graphs.stats.replays == MAX_NEW_TOKENS - 2
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -258,11 +261,19 @@ def test_demo_pair_preparation_is_deterministic_and_cached(tmp_path, monkeypatch
     assert ensure_demo_pair(tmp_path / "a", TINY_BUDGET, progress=False) == first
 
 
+def _console_script(name: str) -> str:
+    """The entry point installed with this interpreter (a venv's bin/ need not be on PATH)."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.is_file() else shutil.which(name)
+    assert found, f"console script {name!r} is not installed: pip install -e ."
+    return found
+
+
 def test_console_script_runs_the_demo_pair_end_to_end(tmp_path):
     """The installed entry point with no model arguments: prepares the (smoke-budget) demo pair, then generates."""
     completed = subprocess.run(
         [
-            "run-assisted-generation",
+            _console_script("run-assisted-generation"),
             "--demo-pair",
             "smoke",
             "--demo-dir",

@@ -150,7 +150,8 @@ def generate(
     handed to the backend; `backend` reuses an already-resolved one (its models prepared once).
     `schedule`: "adaptive" (default; γ chosen online, 0 when speculation cannot win, at most
     `num_assistant_tokens` or 8) or "constant" (always `num_assistant_tokens`, default 4; the default
-    when `num_assistant_tokens` or static shapes fix γ).
+    when `num_assistant_tokens` or static shapes fix γ, and when sampling with a `seed`, so that the
+    seed reproduces the tokens: the adaptive γ depends on wall times).
     """
     config = generation_config or GenerationConfig()
     model_config = getattr(model, "generation_config", None) or GenerationConfig()
@@ -191,6 +192,7 @@ def generate(
         DEFAULT_NUM_ASSISTANT_TOKENS,
         MAX_ADAPTIVE_GAMMA,
         cost_prior=drafting.parameter_ratio(spec, model),
+        seeded_sampling=sampling.do_sample and seed is not None,
     )
     max_gamma = getattr(draft_schedule, "gamma", None) or draft_schedule.max_gamma
 

@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import warnings
 
 import torch
-from xeon_common import load_pair, prompts, write_result
+from xeon_common import add_pair_arguments, pair_and_prompts, write_result
 
 from assisted_backends import generate
 from assisted_backends.backends.base import BackendOptions
@@ -31,18 +30,9 @@ PRECISIONS = ("fp32", "bf16", "w8af32[dynamic]", "w8af32[int8pack]")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--prompt-length", type=int, default=96)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--pair", default="demo", help="demo (the embedded pair), bytes, or a directory")
+    add_pair_arguments(parser, prompts=16)
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target, draft, held_out, pair_description = load_pair(args.pair)
-    inputs = prompts(held_out, args.prompts, args.prompt_length)
+    target, draft, inputs, pair_description = pair_and_prompts(args)
 
     results, outputs = {}, {}
     for name in PRECISIONS:

@@ -8,6 +8,7 @@ not a copy's). Weights are cached under $ASSISTED_BACKENDS_CACHE (default ~/.cac
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -15,6 +16,7 @@ import statistics
 import sys
 import sysconfig
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -197,3 +199,22 @@ def prompts(held_out: torch.Tensor, count: int, length: int, seed: int = 0) -> l
     generator = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(held_out) - length, (count,), generator=generator).tolist()
     return [held_out[s : s + length][None, :].clone() for s in starts]
+
+
+def add_pair_arguments(parser: argparse.ArgumentParser, prompts: int) -> None:
+    """The flags every pair benchmark takes: which pair, how many prompts of what length, γ, threads."""
+    parser.add_argument("--prompts", type=int, default=prompts)
+    parser.add_argument("--prompt-length", type=int, default=96)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--pair", default="demo", help="demo (the embedded pair), bytes, or a directory")
+
+
+def pair_and_prompts(args: argparse.Namespace, seed: int = 0):
+    """(target, draft, prompts, description) from the add_pair_arguments flags; sets the thread count."""
+    warnings.filterwarnings("ignore")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, draft, held_out, description = load_pair(args.pair)
+    return target, draft, prompts(held_out, args.prompts, args.prompt_length, seed=seed), description

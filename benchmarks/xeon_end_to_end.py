@@ -15,10 +15,9 @@ import copy
 import shlex
 import statistics
 import sys
-import warnings
 
 import torch
-from xeon_common import interleaved, load_pair, median_ms, prompts, write_result
+from xeon_common import add_pair_arguments, interleaved, median_ms, pair_and_prompts, write_result
 
 from assisted_backends import generate
 from assisted_backends.backends.base import BackendOptions
@@ -43,19 +42,10 @@ def _step_time(model: torch.nn.Module, context: torch.Tensor, repeats: int = 30)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=6)
-    parser.add_argument("--prompt-length", type=int, default=96)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--gamma", type=int, default=4)
+    add_pair_arguments(parser, prompts=6)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--pair", default="demo", help="demo (the embedded pair), bytes, or a directory")
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target, draft, held_out, pair_description = load_pair(args.pair)
-    inputs = prompts(held_out, args.prompts, args.prompt_length, seed=1)
+    target, draft, inputs, pair_description = pair_and_prompts(args, seed=1)
 
     configs = {}  # name: (backend, target copy, draft or None)
     for dtype in ("fp32", "bf16"):

@@ -77,6 +77,21 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _two_rank_launcher() -> list[str]:
+    """torch.distributed.run with two processes on this machine (a fresh port each time)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+    ]
+
+
 def _save_pair(model_dir: Path):
     from tiny_models import noisy_copy, tiny_model
 
@@ -104,15 +119,7 @@ def test_two_cpu_ranks_match_one_process_and_hold_half_the_sharded_weights(tmp_p
     out_dir.mkdir()
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
     command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_free_port()),
+        *_two_rank_launcher(),
         __file__,
         "--model-dir",
         str(tmp_path / "models"),
@@ -185,15 +192,7 @@ def test_the_command_under_torchrun_matches_the_single_process_command(tmp_path)
     )
     assert single.returncode == 0, single.stderr[-3000:]
     launch = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_free_port()),
+        *_two_rank_launcher(),
         script,
         *flags,
         "--json",

@@ -174,7 +174,7 @@ def test_missing_habana_names_the_extra_to_install():
 
 
 def test_bad_precision_names_the_argument():
-    with pytest.raises(ValueError, match="dtype='int4' is not supported on hpu; choose one of: auto, bf16"):
+    with pytest.raises(ValueError, match="dtype='int4' is not supported on hpu; choose one of: auto, fp32, bf16, fp16"):
         HPUBackend(BackendOptions(dtype="int4"))
     with pytest.raises(NotImplementedError, match="draft_precision='w8af32'"):
         HPUBackend(BackendOptions(draft_precision="w8af32"))

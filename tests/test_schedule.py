@@ -9,22 +9,48 @@ from assisted_backends.core.schedule import (
     AdaptiveSchedule,
     ConstantSchedule,
     RoundObservation,
+    _PositionAcceptance,
+    _VerifyCost,
     expected_tokens,
     leviathan_speedup,
     make_schedule,
 )
 
 
-def _drive(schedule: AdaptiveSchedule, alpha: float, t_draft: float, t_target: float, rounds: int, seed: int = 0):
-    """Simulate rounds: each draft token accepted with probability α; costs as given."""
+def _drive(
+    schedule: AdaptiveSchedule,
+    alpha: float | list[float],
+    t_draft: float,
+    t_target: float,
+    rounds: int,
+    seed: int = 0,
+    verify_jump: float = 0.0,
+):
+    """Simulate rounds: draft token i accepted with probability α_i (α for all i); a target pass over q
+    tokens costs t_target, plus `verify_jump` when q > 1."""
+    rates = alpha if isinstance(alpha, list) else [alpha] * 64
     generator = torch.Generator().manual_seed(seed)
     for _ in range(rounds):
         gamma = schedule.draft_length()
         accepted = 0
-        while accepted < gamma and torch.rand((), generator=generator).item() < alpha:
+        while accepted < gamma and torch.rand((), generator=generator).item() < rates[accepted]:
             accepted += 1
-        schedule.update(RoundObservation(gamma, accepted, gamma * t_draft, t_target))
+        verify = t_target + (verify_jump if gamma > 0 else 0.0)
+        schedule.update(RoundObservation(gamma, accepted, gamma * t_draft, verify))
     return schedule.chosen
+
+
+def _best_gamma(rates: list[float], t_draft: float, t_target: float, verify_jump: float, max_gamma: int) -> int:
+    """argmax over γ >= 1 of the true E[tokens](γ) / cost(γ)."""
+
+    def rate(gamma: int) -> float:
+        expected, survive = 1.0, 1.0
+        for alpha in rates[:gamma]:
+            survive *= alpha
+            expected += survive
+        return expected / (gamma * t_draft + t_target + verify_jump)
+
+    return max(range(1, max_gamma + 1), key=rate)
 
 
 def test_formula_values():
@@ -36,6 +62,48 @@ def test_formula_values():
 def test_good_cheap_draft_speculates_deeply():
     chosen = _drive(AdaptiveSchedule(max_gamma=8), alpha=0.9, t_draft=0.05, t_target=1.0, rounds=60)
     assert min(chosen[10:]) >= 4
+
+
+def test_correlated_acceptance_is_learned_per_position():
+    """α_1 = 0.5 but later tokens are nearly always accepted once the first one is: a single pooled α
+    would say "shallow"; the per-position estimate finds the deep optimum."""
+    rates = [0.5] + [0.95] * 7
+    chosen = _drive(AdaptiveSchedule(max_gamma=8), rates, t_draft=0.05, t_target=1.0, rounds=300, verify_jump=0.3)
+    best = _best_gamma(rates, 0.05, 1.0, 0.3, 8)
+    assert best >= 6
+    tail = sorted(chosen[100:])
+    assert abs(tail[len(tail) // 2] - best) <= 1, (best, tail)
+
+
+def test_a_verify_cost_jump_is_not_extrapolated_linearly():
+    """One extra token costs a jump, more tokens nothing (CPU): deep drafts stay worth it."""
+    chosen = _drive(AdaptiveSchedule(max_gamma=8), 0.7, t_draft=0.05, t_target=1.0, rounds=200, verify_jump=0.5)
+    best = _best_gamma([0.7] * 8, 0.05, 1.0, 0.5, 8)
+    tail = sorted(chosen[50:])
+    assert best >= 5 and abs(tail[len(tail) // 2] - best) <= 1, (best, tail)
+
+
+def test_position_acceptance_counts_and_shrinkage():
+    acceptance = _PositionAcceptance(max_gamma=3, decay=1.0, prior_weight=2.0)
+    assert acceptance.rates() == [0.5, 0.5, 0.5]
+    acceptance.update(gamma=3, accepted=1)  # position 1 accepted, position 2 rejected, 3 undecided
+    alpha_1 = (1 + 2 * 0.5) / (1 + 2)
+    alpha_2 = (0 + 2 * alpha_1) / (1 + 2)
+    assert acceptance.rates() == pytest.approx([alpha_1, alpha_2, alpha_2])
+    assert acceptance.expected_tokens(2) == pytest.approx(1 + alpha_1 + alpha_1 * alpha_2)
+    assert acceptance.expected_tokens(0) == 1.0
+
+
+def test_verify_cost_interpolates_and_extrapolates_flat():
+    verify = _VerifyCost(max_query=9)
+    assert verify(3) == 0.0
+    verify.add(1, 1.5)  # a first call that paid for warm-up ...
+    verify.add(1, 1.0)  # ... is replaced by a lower second sample
+    verify.add(5, 2.0)
+    assert verify(1) == 1.0 and verify(5) == 2.0
+    assert verify(3) == pytest.approx(1.5)
+    assert verify(9) == 2.0
+    assert verify.samples(5) == 1 and verify.samples(3) == 0
 
 
 def test_useless_draft_turns_speculation_off_and_probes():
@@ -73,6 +141,8 @@ def test_make_schedule_rules():
     assert make_schedule(None, 3, False, 4, 8).gamma == 3
     assert make_schedule(None, None, True, 4, 8).gamma == 4
     assert make_schedule("adaptive", 5, False, 4, 8).max_gamma == 5
+    assert make_schedule(None, None, False, 4, 8, seeded_sampling=True).gamma == 4
+    assert isinstance(make_schedule("adaptive", None, False, 4, 8, seeded_sampling=True), AdaptiveSchedule)
     with pytest.raises(ValueError, match="static shapes forbid"):
         make_schedule("adaptive", None, True, 4, 8)
     with pytest.raises(ValueError, match="schedule='fast' is not one of"):
@@ -96,3 +166,16 @@ def test_adaptive_is_the_default_without_num_assistant_tokens():
     target = tiny_model("llama", seed=0)
     result = generate(target, random_prompt(4, seed=1), assistant_model=target, max_new_tokens=10)
     assert result.stats.schedule == "AdaptiveSchedule"
+
+
+def test_seeded_sampling_defaults_to_a_constant_schedule_and_reproduces_its_tokens():
+    target = tiny_model("llama", seed=0)
+    draft = noisy_copy(target, 3, 0.05)
+    prompt = random_prompt(6, seed=2)
+    runs = [
+        generate(target, prompt, assistant_model=draft, max_new_tokens=20, do_sample=True, seed=11) for _ in range(2)
+    ]
+    assert runs[0].stats.schedule == "ConstantSchedule"
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    unseeded = generate(target, prompt, assistant_model=draft, max_new_tokens=5, do_sample=True)
+    assert unseeded.stats.schedule == "AdaptiveSchedule"

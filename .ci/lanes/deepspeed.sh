@@ -12,12 +12,5 @@ python=${PYTHON:-python}
 
 export DS_ACCELERATOR=cpu
 export ASSISTED_BACKENDS_DEEPSPEED_LANE=1  # the tests fail instead of skipping if deepspeed is missing
-set +e
-"$python" -m pytest -q -rs tests/test_deepspeed_*.py "$@"
-status=$?
-set -e
-if [ "$status" -eq 5 ]; then
-  echo "pytest collected no tests: failing the lane" >&2
-  exit 1
-fi
-exit "$status"
+source .ci/pytest_lane.sh
+run_pytest "$python" -q -rs tests/test_deepspeed_*.py "$@"

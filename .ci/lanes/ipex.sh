@@ -38,12 +38,5 @@ PY
 
 export ASSISTED_BACKENDS_IPEX=${ASSISTED_BACKENDS_IPEX:-on}  # every CPU-prepared model goes through IPEX
 export ASSISTED_BACKENDS_EXPECT_IPEX=1  # tests/test_xeon_ipex.py fails instead of skipping without IPEX
-set +e
-"$venv/bin/python" -m pytest -q "$@"
-status=$?
-set -e
-if [ "$status" -eq 5 ]; then
-  echo "pytest collected no tests: failing the lane" >&2
-  exit 1
-fi
-exit "$status"
+source .ci/pytest_lane.sh
+run_pytest "$venv/bin/python" -q "$@"

@@ -16,12 +16,5 @@ fi
 numactl --show
 
 export ASSISTED_BACKENDS_NUMACTL_LANE=1
-set +e
-"$python" -m pytest -q -rs tests/test_xeon_affinity.py "$@"
-status=$?
-set -e
-if [ "$status" -eq 5 ]; then
-  echo "pytest collected no tests: failing the lane" >&2
-  exit 1
-fi
-exit "$status"
+source .ci/pytest_lane.sh
+run_pytest "$python" -q -rs tests/test_xeon_affinity.py "$@"

@@ -12,6 +12,16 @@ from typing import Literal
 
 import torch
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # --dtype names, every backend
+
+
+def named_dtype(name: str, argument: str, device: str) -> torch.dtype:
+    """DTYPES[name], or a ValueError naming `argument`, the device and the choices."""
+    if name not in DTYPES:
+        raise ValueError(f"{argument}={name!r} is not supported on {device}; choose one of: auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
 ModelRole = Literal["target", "draft"]
 
 

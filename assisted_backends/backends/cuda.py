@@ -19,25 +19,22 @@ from typing import Any
 
 import torch
 
-from assisted_backends.backends.base import Backend, BackendOptions, ModelRole
+from assisted_backends.backends.base import Backend, BackendOptions, ModelRole, named_dtype
 from assisted_backends.core.graphs import GraphedCausalLM, GraphRuntime, graph_capturable
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_GRAPH_TOKENS = 16  # steps feeding more tokens than this (prefill) run eagerly
 
 
 def choose_dtype(requested: str | None, model_dtype: torch.dtype, bf16_supported: bool, argument: str) -> torch.dtype:
-    """The dtype for `requested` ("auto", a name in DTYPES, or None = keep `model_dtype`)."""
+    """The dtype for `requested` ("auto", a name in base.DTYPES, or None = keep `model_dtype`)."""
     if requested is None:
         return model_dtype
     if requested == "auto":
         return torch.bfloat16 if bf16_supported else torch.float16
-    if requested not in DTYPES:
-        choices = ", ".join(["auto", *DTYPES])
-        raise ValueError(f"{argument}={requested!r} is not supported on cuda; choose one of: {choices}")
-    if requested == "bf16" and not bf16_supported:
+    dtype = named_dtype(requested, argument, "cuda")
+    if dtype == torch.bfloat16 and not bf16_supported:
         raise ValueError(f"{argument}='bf16' is not supported by this GPU; use {argument}='fp16' (or 'auto')")
-    return DTYPES[requested]
+    return dtype
 
 
 class CUDAGraphRuntime:

@@ -30,11 +30,10 @@ from typing import Literal
 
 import torch
 
-from assisted_backends.backends.base import Backend, BackendOptions, ModelRole, PaddingPolicy
+from assisted_backends.backends.base import Backend, BackendOptions, ModelRole, PaddingPolicy, named_dtype
 
 ExecutionMode = Literal["lazy", "eager"]
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-DEFAULT_DTYPE = "bf16"
+DEFAULT_DTYPE = torch.bfloat16
 _INSTALL_HINT = "pip install assisted_backends[gaudi] on a Gaudi host with the Intel Gaudi software stack"
 
 
@@ -61,10 +60,8 @@ def execution_mode(environ: os._Environ | dict[str, str] | None = None) -> Execu
 def resolve_dtype(requested: str | None, argument: str) -> torch.dtype:
     """bf16 unless asked otherwise ('auto' and None both mean the device's native bf16)."""
     if requested is None or requested == "auto":
-        return DTYPES[DEFAULT_DTYPE]
-    if requested not in DTYPES:
-        raise ValueError(f"{argument}={requested!r} is not supported on hpu; choose one of: auto, {', '.join(DTYPES)}")
-    return DTYPES[requested]
+        return DEFAULT_DTYPE
+    return named_dtype(requested, argument, "hpu")
 
 
 def _bypass_graphs_for_long_feeds(graphed_forward, bucket: int):

@@ -113,7 +113,8 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         choices=("adaptive", "constant"),
         default=None,
         help="adaptive (default): γ chosen online from measured acceptance and cost, 0 when speculation cannot "
-        "win; constant: always --num-assistant-tokens (the default when that flag is given)",
+        "win; constant: always --num-assistant-tokens (the default when that flag is given, and with --do_sample "
+        "--seed, so that the seed reproduces the tokens)",
     )
     decoding.add_argument(*_both("do_sample"), dest="do_sample", action="store_true")
     decoding.add_argument("--temperature", type=float, default=None)

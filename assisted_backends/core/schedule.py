@@ -1,10 +1,20 @@
 """Draft-length schedules: how many tokens γ to draft in the next round.
 
-The adaptive schedule follows Leviathan et al. (2023): with per-token acceptance α a round that
-drafts γ tokens yields E[tokens] = (1 − α^(γ+1)) / (1 − α) and costs γ·t_d + t_v(γ+1), where t_d is
+The adaptive schedule generalises Leviathan et al. (2023). With α_i the probability that draft token
+i is accepted given that tokens 1..i−1 were, a round that drafts γ tokens yields
+
+    E[tokens](γ) = 1 + Σ_{k=1..γ} Π_{i=1..k} α_i
+
+(Leviathan's (1 − α^(γ+1)) / (1 − α) when every α_i = α) and costs γ·t_d + t_v(γ+1), where t_d is
 one draft step and t_v(q) one target pass over q tokens. It picks the γ with the highest expected
-tokens per second, γ = 0 (plain decoding) included, from α and times measured online on the device;
-while γ = 0 wins it probes with γ = 1 now and then, so a rising α is noticed.
+tokens per second, γ = 0 (plain decoding) included, from α_i and times measured online on the
+device; while γ = 0 wins it probes with γ = 1 now and then, so a rising α is noticed.
+
+Why per position and per q: acceptances are correlated (a draft that got the easy tokens of a phrase
+right tends to get the next one right too, so α_i grows with i on real pairs), and a target pass is
+not linear in q (on CPU one extra token costs a jump, more tokens then little; on GPUs nearly nothing).
+A single α and a linear t_v both underestimate deep drafts; measured on the demo pair they chose
+γ ≈ 1 where γ = 4 was 1.25x faster.
 """
 
 from __future__ import annotations
@@ -65,34 +75,108 @@ def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
 class _Ema:
     """Exponential moving average of a time, robust to what disturbs CPU timings.
 
-    The first sample is dropped (a shape's first call pays for kernel selection and allocation), and
-    later samples are clipped at 3x the running value (a descheduled thread is no property of the model).
+    The first sample stands alone until a second one replaces it if lower (a shape's first call may
+    pay for kernel selection and allocation: a pessimistic start, corrected at once), and later
+    samples are clipped at 3x the running value (a descheduled thread is no property of the model).
     """
 
     def __init__(self, weight: float) -> None:
         self.weight = weight
         self.value: float | None = None
-        self._warm = False
+        self.samples = 0
 
     def add(self, sample: float) -> None:
-        if not self._warm:
-            self._warm = True
-            return
+        self.samples += 1
         if self.value is None:
             self.value = sample
+        elif self.samples == 2:
+            self.value = min(self.value, sample)
         else:
             self.value = (1 - self.weight) * self.value + self.weight * min(sample, 3 * self.value)
 
 
-class AdaptiveSchedule:
-    """Chooses γ ∈ {0, …, γ_max} maximising E[tokens] / (γ·t_d + t_v(γ+1)).
+class _PositionAcceptance:
+    """Conditional acceptance rates α_1..α_γmax from decayed per-position counts.
 
-    α is the decayed success ratio of verification decisions (a round with n of γ accepted shows n
-    successes and, if n < γ, one failure), with a Beta(1, 1) prior. t_v(q) is modelled as
-    t_v(1) + (q − 1)·b: t_v(1) from plain rounds, b from speculative ones. The first two rounds are
-    plain (measure t_v(1)), the next two draft `initial` tokens (measure t_d and b; each estimate
-    drops its first sample); a switch to speculation must beat plain decoding by `margin`, so
-    break-even pairs (c ≈ α) stay plain.
+    A round that drafted γ and accepted n adds a success at positions 1..n and, if n < γ, a failure at
+    position n + 1 (positions past it were not decided). Each α_i is shrunk towards α_{i−1} with
+    `prior_weight` pseudo-trials (α_1 towards 1/2: a uniform Beta(1, 1) prior), so a position
+    seldom reached inherits its predecessor's rate instead of a guess.
+    """
+
+    def __init__(self, max_gamma: int, decay: float, prior_weight: float = 2.0) -> None:
+        self.decay = decay
+        self.prior_weight = prior_weight
+        self.successes = [0.0] * max_gamma
+        self.trials = [0.0] * max_gamma
+
+    def update(self, gamma: int, accepted: int) -> None:
+        self.successes = [self.decay * value for value in self.successes]
+        self.trials = [self.decay * value for value in self.trials]
+        for i in range(min(accepted + 1, gamma)):
+            self.trials[i] += 1.0
+            self.successes[i] += 1.0 if i < accepted else 0.0
+
+    def any_accepted(self) -> bool:
+        return any(value > 0 for value in self.successes)
+
+    def rates(self) -> list[float]:
+        """[α_1, …, α_γmax]."""
+        rates, previous = [], 0.5
+        for successes, trials in zip(self.successes, self.trials):
+            previous = (successes + self.prior_weight * previous) / (trials + self.prior_weight)
+            rates.append(previous)
+        return rates
+
+    def expected_tokens(self, gamma: int) -> float:
+        """E[tokens](γ) = 1 + Σ_{k≤γ} Π_{i≤k} α_i."""
+        total, survive = 1.0, 1.0
+        for rate in self.rates()[:gamma]:
+            survive *= rate
+            total += survive
+        return total
+
+
+class _VerifyCost:
+    """t_v(q), the wall time of one target pass over q tokens, one robust average per q.
+
+    A q not measured yet is interpolated between the nearest measured q below and above, or, past
+    the largest measured q, taken as equal to it: optimistic, so the schedule tries it and learns.
+    """
+
+    def __init__(self, max_query: int) -> None:
+        self.by_query = [_Ema(0.3) for _ in range(max_query + 1)]  # index q; 0 unused
+
+    def add(self, query_length: int, seconds: float) -> None:
+        self.by_query[query_length].add(seconds)
+
+    def samples(self, query_length: int) -> int:
+        return self.by_query[query_length].samples
+
+    def __call__(self, query_length: int) -> float:
+        known = [(q, ema.value) for q, ema in enumerate(self.by_query) if ema.value is not None]
+        if not known:
+            return 0.0
+        below = [(q, v) for q, v in known if q <= query_length]
+        above = [(q, v) for q, v in known if q >= query_length]
+        if not below:
+            return above[0][1]
+        if not above:
+            return below[-1][1]
+        (q0, v0), (q1, v1) = below[-1], above[0]
+        return v0 if q1 == q0 else v0 + (v1 - v0) * (query_length - q0) / (q1 - q0)
+
+
+class AdaptiveSchedule:
+    """Chooses γ ∈ {0, …, γ_max} maximising E[tokens](γ) / (γ·t_d + t_v(γ+1)).
+
+    α_i come from `_PositionAcceptance` (decayed counts), t_v(q) from `_VerifyCost`, t_d from the
+    draft time per drafted token. The first two rounds are plain (measure t_v(1)); the next one drafts
+    `initial` tokens (measure t_d, t_v(initial + 1) and α_1..α_initial), and so does a second one if
+    the first accepted anything. Then γ follows the estimates; an unmeasured t_v(q) is taken as the
+    largest measured one and an unreached α_i as α_{i−1}, so a good draft is pushed deeper round by
+    round, and while plain decoding wins, a γ = 1 probe (the cheapest) runs now and then. A switch to
+    speculation must beat plain decoding by `margin`, so break-even pairs (c ≈ α) stay plain.
     """
 
     def __init__(
@@ -113,48 +197,39 @@ class AdaptiveSchedule:
         self.probe_budget = probe_budget
         self.never = cost_prior is not None and cost_prior >= NEVER_PAYS_COST_RATIO
         self.margin = margin
-        self.decay = decay
-        self.successes = 0.0
-        self.failures = 0.0
+        self.acceptance = _PositionAcceptance(max_gamma, decay)
         self.draft_step = _Ema(0.3)  # t_d
-        self.plain_pass = _Ema(0.3)  # t_v(1)
-        self.per_extra_token = _Ema(0.3)  # b
+        self.verify = _VerifyCost(max_gamma + 1)  # t_v(q)
         self.rounds = 0
         self.plain_streak = 0
         self.chosen: list[int] = []  # γ of every round, for statistics and tests
 
-    @property
-    def alpha(self) -> float:
-        return (self.successes + 1.0) / (self.successes + self.failures + 2.0)
-
-    def verify_cost(self, gamma: int) -> float:
-        base = self.plain_pass.value or 0.0
-        return base + gamma * (self.per_extra_token.value or 0.0)
-
     def tokens_per_second(self, gamma: int) -> float:
         if gamma == 0:
-            return 1.0 / max(self.verify_cost(0), 1e-9)
-        cost = gamma * (self.draft_step.value or 0.0) + self.verify_cost(gamma)
-        return expected_tokens(self.alpha, gamma) / max(cost, 1e-9)
+            return 1.0 / max(self.verify(1), 1e-9)
+        cost = gamma * (self.draft_step.value or 0.0) + self.verify(gamma + 1)
+        return self.acceptance.expected_tokens(gamma) / max(cost, 1e-9)
 
     def best_gamma(self) -> int:
         best = max(range(1, self.max_gamma + 1), key=self.tokens_per_second)
         return best if self.tokens_per_second(best) > (1 + self.margin) * self.tokens_per_second(0) else 0
 
     def probe_interval(self) -> int:
-        """Plain rounds between probes. A γ = 1 probe that accepts nothing costs (t_d + b) / t_v(1) of a
-        round more than plain decoding; probing that often keeps the overhead within `probe_budget`."""
-        plain = self.plain_pass.value or 1e-9
-        overhead = ((self.draft_step.value or 0.0) + (self.per_extra_token.value or 0.0)) / plain
+        """Plain rounds between probes. A γ = 1 probe that accepts nothing costs (t_d + t_v(2) − t_v(1)) / t_v(1)
+        of a round more than plain decoding; probing that often keeps the overhead within `probe_budget`."""
+        plain = max(self.verify(1), 1e-9)
+        overhead = ((self.draft_step.value or 0.0) + max(0.0, self.verify(2) - plain)) / plain
         return max(2, min(self.max_probe_interval, math.ceil(overhead / self.probe_budget)))
 
     def draft_length(self) -> int:
         if self.never:
             gamma = 0  # a draft about as costly as the target: S <= (γ+1)/(γc+1) <= 1 for c >= 1
-        elif self.plain_pass.value is None:
-            gamma = 0  # measure t_v(1) (two rounds: the first one's time is dropped)
-        elif self.draft_step.value is None:
-            gamma = self.initial  # measure α, t_d and b (likewise)
+        elif self.verify.samples(1) < 2:
+            gamma = 0  # measure t_v(1), twice: plain rounds cost nothing extra
+        elif self.draft_step.samples == 0 or (self.draft_step.samples == 1 and self.acceptance.any_accepted()):
+            # measure α_i, t_d and t_v(initial + 1): one round for a draft that got nothing right,
+            # two for one that did, so that a single warm-up-inflated time does not end speculation
+            gamma = self.initial
         else:
             gamma = self.best_gamma()
             if gamma == 0 and self.plain_streak >= self.probe_interval():
@@ -164,17 +239,14 @@ class AdaptiveSchedule:
 
     def update(self, observation: RoundObservation) -> None:
         self.rounds += 1
-        gamma, accepted = observation.drafted, observation.accepted
+        gamma = observation.drafted
+        self.verify.add(gamma + 1, observation.verify_s)
         if gamma == 0:
-            self.plain_pass.add(observation.verify_s)
             self.plain_streak += 1
             return
         self.plain_streak = 0
-        self.successes = self.decay * self.successes + accepted
-        self.failures = self.decay * self.failures + (1.0 if accepted < gamma else 0.0)
+        self.acceptance.update(gamma, observation.accepted)
         self.draft_step.add(observation.draft_s / gamma)
-        if self.plain_pass.value is not None:
-            self.per_extra_token.add(max(0.0, observation.verify_s - self.plain_pass.value) / gamma)
 
 
 def make_schedule(
@@ -184,14 +256,22 @@ def make_schedule(
     default_gamma: int,
     max_gamma: int,
     cost_prior: float | None = None,
+    seeded_sampling: bool = False,
 ) -> DraftSchedule:
-    """`constant` when γ is fixed by the user or by static shapes, else `adaptive` (the default)."""
+    """`constant` when γ is fixed by the user or by static shapes, or when sampling with a seed; else
+    `adaptive` (the default).
+
+    Seeded sampling gets a constant γ by default because the adaptive schedule chooses γ from wall
+    times, and which random numbers a round draws depends on γ: the tokens would follow the same
+    distribution but differ from run to run. `schedule="adaptive"` still asks for it explicitly.
+    """
     if name is not None and name not in SCHEDULE_NAMES:
         raise ValueError(f"schedule={name!r} is not one of {SCHEDULE_NAMES}")
     if name == "adaptive" and fixed_shapes:
         raise ValueError("schedule='adaptive' varies γ, which static shapes forbid; use schedule='constant'")
     if name is None:
-        name = "constant" if (num_assistant_tokens is not None or fixed_shapes) else "adaptive"
+        fixed = num_assistant_tokens is not None or fixed_shapes or seeded_sampling
+        name = "constant" if fixed else "adaptive"
     if name == "constant":
         return ConstantSchedule(num_assistant_tokens or default_gamma)
     return AdaptiveSchedule(max_gamma=num_assistant_tokens or max_gamma, cost_prior=cost_prior)

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from assisted_backends.backends.base import DTYPES
 from assisted_backends.xeon.cpu_features import CPUFeatures
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TARGET_CHOICES = ("auto", *DTYPES)
 DRAFT_CHOICES = ("fp32", "bf16", "w8af32")
 _ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

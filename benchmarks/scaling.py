@@ -69,6 +69,40 @@ def memory_probe(mode: str, prompt_length: int, new_tokens: int, gamma: int) -> 
     print(json.dumps({"peak_rss_mib": peak / 1024, "generation_rss_growth_mib": (peak - baseline) / 1024}))
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Left: ms per token, plain and adaptive (what a user gets). Right: one constant-γ round in plain
+    decode steps of the same case (flat = the loop adds nothing that grows with the sequence)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed (pip install '.[plot]'): no plot", file=sys.stderr)
+        return
+    figure, (per_token, per_round) = plt.subplots(1, 2, figsize=(11, 4))
+    for new_tokens in sorted({r["new_tokens"] for r in rows}):
+        points = [r for r in rows if r["new_tokens"] == new_tokens]
+        prompts = [r["prompt_tokens"] for r in points]
+
+        def values(key: str) -> list[float]:
+            return [r[key] for r in points]  # noqa: B023 (used at once)
+
+        line = per_token.plot(prompts, values("plain_ms_per_token"), "o--", label=f"plain, {new_tokens} new")
+        color = line[0].get_color()
+        per_token.plot(prompts, values("adaptive_ms_per_token"), "o-", color=color, label=f"adaptive, {new_tokens} new")
+        per_round.plot(prompts, values("assisted_round_over_plain_token"), "o-", color=color, label=f"{new_tokens} new")
+    for axis in (per_token, per_round):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("prompt tokens")
+        axis.legend(fontsize=7)
+    per_token.set_ylabel("ms per generated token (after prefill)")
+    per_round.set_ylabel("one γ-round (γ draft steps + verify) / plain step")
+    per_round.set_ylim(0, None)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-lengths", type=int, nargs="+", default=[256, 512, 1024, 2048])
@@ -159,35 +193,7 @@ def main() -> None:
     }
     out = RESULTS / "scaling.json"
     out.write_text(json.dumps(document, indent=2) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        figure, axis = plt.subplots(figsize=(7, 4))
-        for new_tokens in args.new_tokens:
-            points = [r for r in rows if r["new_tokens"] == new_tokens]
-            axis.plot(
-                [r["prompt_tokens"] for r in points],
-                [r["plain_ms_per_token"] for r in points],
-                "o--",
-                label=f"plain, {new_tokens} new",
-            )
-            axis.plot(
-                [r["prompt_tokens"] for r in points],
-                [r["assisted_ms_per_token"] for r in points],
-                "o-",
-                label=f"assisted, {new_tokens} new",
-            )
-        axis.set_xscale("log", base=2)
-        axis.set_xlabel("prompt tokens")
-        axis.set_ylabel("ms per generated token (after prefill)")
-        axis.legend(fontsize=7)
-        figure.tight_layout()
-        figure.savefig(RESULTS / "scaling.png", dpi=110)
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plot(rows, RESULTS / "scaling.png")
     print(f"wrote {out}")
 
 

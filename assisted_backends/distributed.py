@@ -125,6 +125,21 @@ def init_distributed(context: LaunchContext, device: str) -> None:
         raise RuntimeError(f"process group has {world} ranks but WORLD_SIZE={context.world_size}")
 
 
+def shutdown(wait_for_peers: bool = True) -> None:
+    """Leave the process group, if this process joined one.
+
+    Every rank first waits for the others (after a successful run), then the group is destroyed, so
+    that no communication thread is still running when the interpreter exits: otherwise gloo can
+    abort the process at exit ("terminate called without an active exception") after all the work
+    is done. After an error the peers may never arrive, so `wait_for_peers=False` skips the barrier.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    if wait_for_peers:
+        torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
 def shard_target(model: torch.nn.Module, context: LaunchContext, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """Tensor-parallel target over all ranks with DeepSpeed AutoTP (no kernel injection).
 

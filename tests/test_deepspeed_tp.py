@@ -212,3 +212,14 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, required=True)
     arguments = parser.parse_args()
     rank_main(arguments.model_dir, arguments.out)
+
+
+def test_shutdown_leaves_the_process_group_and_is_a_no_op_without_one(tmp_path):
+    """The CLI's last step under a launcher: barrier, then destroy (no gloo thread left at exit)."""
+    from assisted_backends import distributed
+
+    distributed.shutdown()  # no group: nothing to do
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    assert torch.distributed.is_initialized()
+    distributed.shutdown()
+    assert not torch.distributed.is_initialized()

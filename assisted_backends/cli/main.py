@@ -7,13 +7,13 @@ import json
 import os
 import sys
 
+from assisted_backends import distributed
 from assisted_backends.backends.registry import DeviceUnavailableError, discover
 from assisted_backends.cli import benchmark
 from assisted_backends.cli.args import build_parser, validate
 from assisted_backends.cli.loading import CLIError
 from assisted_backends.cli.session import Session, open_session
 from assisted_backends.demo.pair import DEMO_REPETITION_PENALTY
-from assisted_backends.distributed import is_main_process
 
 DEMO_PROMPT = "import os\nimport sys\n\n\ndef main(argv=None):\n"
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         validate(args)
         session = open_session(args)
-        if not is_main_process():  # under deepspeed/torchrun every rank runs the loop; only rank 0 speaks
+        if not distributed.is_main_process():  # under deepspeed/torchrun every rank runs the loop; only rank 0 speaks
             sys.stdout = sys.stderr = open(os.devnull, "w")
             args.json = args.csv = args.plot = None
         log = sys.stderr
@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         (_benchmark_task if args.task == "benchmark" else _generate_task)(session, log)
     except (CLIError, ValueError, NotImplementedError, DeviceUnavailableError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
+        distributed.shutdown(wait_for_peers=False)
         return 2
+    distributed.shutdown()
     return 0
 
 

@@ -23,7 +23,6 @@ efficiency = measured speedup / S_E.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from xeon_common import machine  # noqa: E402
+from xeon_common import write_result  # noqa: E402
 
 from assisted_backends import generate  # noqa: E402
 from assisted_backends.core import hf_compat  # noqa: E402
@@ -212,17 +211,12 @@ def main() -> None:
             f"{r['ours_constant_vs_hf_assisted_speedup']:12.2f}x {r['ours_adaptive_vs_hf_assisted_speedup']:12.2f}x "
             f"{r['ours_plain_vs_hf_plain']:12.3f}x"
         )
-    RESULTS.mkdir(exist_ok=True)
-    document = {
-        "command": "python " + " ".join(sys.argv),
-        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": machine(),
+    payload = {
         "torch_threads": torch.get_num_threads(),
         "notes": "ratios < 1 in *_vs_* entries named time/time mean faster; speedups > 1 mean faster",
         "pairs": results,
     }
-    Path(args.out).write_text(json.dumps(document, indent=2) + "\n")
-    print(f"wrote {args.out}", file=sys.stderr)
+    write_result("peer_compare", "python " + " ".join(sys.argv), payload, Path(args.out))
 
 
 if __name__ == "__main__":

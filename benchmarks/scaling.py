@@ -21,14 +21,13 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from xeon_common import machine  # noqa: E402
+from xeon_common import write_result  # noqa: E402
 
 from assisted_backends import generate  # noqa: E402
 
@@ -110,6 +109,7 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--out", default=str(RESULTS / "scaling.json"), help="JSON path (the plot goes next to it)")
     parser.add_argument("--quick", action="store_true", help="prompts 256/1024, new tokens 64/256, 2 repeats")
     parser.add_argument("--memory-probe", choices=["plain", "assisted"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -180,21 +180,15 @@ def main() -> None:
         f"plain {memory['plain']['peak_rss_mib']:.0f} MiB, assisted {memory['assisted']['peak_rss_mib']:.0f} MiB"
     )
 
-    RESULTS.mkdir(exist_ok=True)
-    document = {
-        "command": "python " + " ".join(sys.argv),
-        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": machine(),
+    payload = {
         "torch_threads": torch.get_num_threads(),
-        "pair": "embedded demo pair (fp32), constant γ",
+        "pair": "embedded demo pair (fp32); assisted = constant γ, adaptive = the adaptive schedule",
         "gamma": args.gamma,
         "rows": rows,
         "peak_memory": memory,
     }
-    out = RESULTS / "scaling.json"
-    out.write_text(json.dumps(document, indent=2) + "\n")
-    plot(rows, RESULTS / "scaling.png")
-    print(f"wrote {out}")
+    out = write_result("scaling", "python " + " ".join(sys.argv), payload, Path(args.out))
+    plot(rows, out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

@@ -64,9 +64,10 @@ def machine() -> dict[str, str]:
     return info
 
 
-def write_result(name: str, command: str, payload: dict) -> Path:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write_result(name: str, command: str, payload: dict, path: Path | None = None) -> Path:
+    """benchmarks/results/<name>.json (or `path`): the command, the date, the machine, then `payload`."""
+    path = path or RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     document = {"command": command, "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     document["machine"] = machine()
     document.update(payload)

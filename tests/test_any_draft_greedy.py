@@ -41,6 +41,22 @@ def memorized(workdir):
     return saved_memorized_pair(workdir)
 
 
+def _identical_translated_greedy(target, draft, target_tokenizer, draft_tokenizer, prompt: str, gamma: int):
+    """Assisted greedy generation across tokenizers, asserted token-identical to the target alone."""
+    ids = target_tokenizer(prompt, return_tensors="pt").input_ids
+    result = generate(
+        target,
+        ids,
+        assistant_model=draft,
+        tokenizer=target_tokenizer,
+        assistant_tokenizer=draft_tokenizer,
+        max_new_tokens=NEW,
+        num_assistant_tokens=gamma,
+    )
+    assert torch.equal(result.sequences, reference_greedy(target, ids, NEW)), prompt
+    return result
+
+
 @pytest.mark.parametrize("direction", ["bpe_target", "unigram_target"])
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_random_models_greedy_identity_over_many_prompts(tokenizers, direction, gamma):
@@ -50,17 +66,7 @@ def test_random_models_greedy_identity_over_many_prompts(tokenizers, direction, 
     draft = tiny_model("gpt2", seed=1, vocab=len(draft_tokenizer), hidden=32, layers=1)
     drafted = 0
     for prompt in PROMPTS:
-        ids = target_tokenizer(prompt, return_tensors="pt").input_ids
-        result = generate(
-            target,
-            ids,
-            assistant_model=draft,
-            tokenizer=target_tokenizer,
-            assistant_tokenizer=draft_tokenizer,
-            max_new_tokens=NEW,
-            num_assistant_tokens=gamma,
-        )
-        assert torch.equal(result.sequences, reference_greedy(target, ids, NEW)), prompt
+        result = _identical_translated_greedy(target, draft, target_tokenizer, draft_tokenizer, prompt, gamma)
         assert result.stats.drafter == "draft_model_translated"
         assert result.stats.drafted <= gamma * result.stats.rounds
         drafted += result.stats.drafted
@@ -73,17 +79,7 @@ def test_trained_pair_accepts_drafts_and_stays_identical(memorized, gamma, floor
     accepted = drafted = 0
     for phrase in ("once upon a", "little robot", "every night.", "one, two,", "Café, naïve:"):
         prompt = MEMORIZED[: MEMORIZED.index(phrase) + len(phrase)]
-        ids = target_tokenizer(prompt, return_tensors="pt").input_ids
-        result = generate(
-            target,
-            ids,
-            assistant_model=draft,
-            tokenizer=target_tokenizer,
-            assistant_tokenizer=draft_tokenizer,
-            max_new_tokens=NEW,
-            num_assistant_tokens=gamma,
-        )
-        assert torch.equal(result.sequences, reference_greedy(target, ids, NEW)), prompt
+        result = _identical_translated_greedy(target, draft, target_tokenizer, draft_tokenizer, prompt, gamma)
         accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
         stats = result.stats
         assert stats.acceptance_rate == stats.accepted / stats.drafted

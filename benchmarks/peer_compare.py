@@ -2,6 +2,7 @@
 
     python benchmarks/peer_compare.py                 # all pairs, writes benchmarks/results/peer_compare.json
     python benchmarks/peer_compare.py --pairs demo --repeats 3
+    python benchmarks/peer_compare.py --pairs demo --dtype bf16 --out benchmarks/results/peer_compare_bf16.json
 
 Per pair, five methods run interleaved (round-robin, `--repeats` times; medians): transformers'
 plain `generate`, transformers' assisted `generate`, and this package's plain, constant-γ and
@@ -75,29 +76,31 @@ def step_time(model, prompt: torch.Tensor, repeats: int = 15) -> float:
     return statistics.median(samples)
 
 
-def build_pairs(names: list[str]):
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build_pairs(names: list[str], dtype: torch.dtype = torch.float32):
     pairs = {}
     if {"self", "unrelated"} & set(names):
-        target = random_llama(1024, 8, seed=0)
+        target = random_llama(1024, 8, seed=0).to(dtype)
         prompt = torch.randint(0, 32000, (1, 128), generator=torch.Generator().manual_seed(0))
         if "self" in names:
             pairs["self"] = dict(target=target, draft=target, prompt=prompt, new_tokens=48, early_exit=None)
         if "unrelated" in names:
-            pairs["unrelated"] = dict(
-                target=target, draft=random_llama(256, 2, seed=1), prompt=prompt, new_tokens=48, early_exit=None
-            )
+            draft = random_llama(256, 2, seed=1).to(dtype)
+            pairs["unrelated"] = dict(target=target, draft=draft, prompt=prompt, new_tokens=48, early_exit=None)
     if {"demo", "early_exit"} & set(names):
         from transformers import AutoTokenizer
 
         from assisted_backends.demo.pair import ensure_demo_pair, shipped_pair
 
         pair = shipped_pair() or ensure_demo_pair()
-        target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
+        target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=dtype).eval()
         tokenizer = AutoTokenizer.from_pretrained(pair.target_dir)
         text = pair.held_out_text.read_text(encoding="utf-8")
         prompt = torch.tensor([tokenizer(text[:20000]).input_ids[:128]])
         if "demo" in names:
-            draft = LlamaForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
+            draft = LlamaForCausalLM.from_pretrained(pair.draft_dir, dtype=dtype).eval()
             pairs["demo"] = dict(target=target, draft=draft, prompt=prompt, new_tokens=128, early_exit=None)
         if "early_exit" in names:
             pairs["early_exit"] = dict(
@@ -191,11 +194,12 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="every model of every pair")
     parser.add_argument("--out", default=str(RESULTS / "peer_compare.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     results = {}
-    for name, pair in build_pairs(args.pairs).items():
+    for name, pair in build_pairs(args.pairs, DTYPES[args.dtype]).items():
         print(f"measuring {name} ...", file=sys.stderr, flush=True)
         results[name] = measure(pair, args.gamma, args.repeats)
     header = (
@@ -212,6 +216,7 @@ def main() -> None:
             f"{r['ours_plain_vs_hf_plain']:12.3f}x"
         )
     payload = {
+        "dtype": args.dtype,
         "torch_threads": torch.get_num_threads(),
         "notes": "ratios < 1 in *_vs_* entries named time/time mean faster; speedups > 1 mean faster",
         "pairs": results,

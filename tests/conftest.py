@@ -11,3 +11,13 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 @pytest.fixture(autouse=True)
 def _deterministic_seed():
     torch.manual_seed(1234)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's tests on one thread: tiny models gain nothing from a second, and the machines
+    running the tests are shared. Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

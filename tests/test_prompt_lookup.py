@@ -9,13 +9,7 @@ from transformers.generation.logits_process import LogitsProcessorList, Temperat
 from assisted_backends import generate
 from assisted_backends.core.prompt_lookup import lookup
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_lookup_takes_the_latest_longest_match():

@@ -64,9 +64,8 @@ def speculative_accept(
     n = leading_true(u < acceptance_probability(p_draft, q_draft))  # [B]
 
     # Distribution of the next token: residual at the first rejection, p_{γ+1} when all passed.
-    q_padded = torch.cat([q, torch.zeros_like(p[:, :1, :])], dim=1)  # [B, γ+1, V]; q_{γ+1} = 0
     rows = n[:, None, None].expand(batch, 1, p.shape[-1])
     p_n = p.gather(1, rows).squeeze(1)  # [B, V]
-    q_n = q_padded.gather(1, rows).squeeze(1)  # [B, V]
+    q_n = q.gather(1, rows.clamp(max=gamma - 1)).squeeze(1) * (n < gamma)[:, None]  # [B, V]; q_{γ+1} = 0
     next_distribution = residual_distribution(p_n, q_n)  # equals p_{γ+1} when n == γ
     return n, sample(next_distribution, generator)

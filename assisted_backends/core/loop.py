@@ -35,14 +35,16 @@ def _choose_first(logits: torch.Tensor, context: torch.Tensor, selector: TokenSe
     return selector.greedy(logits, context)[:, -1]
 
 
-def _commit_count(new_tokens: torch.Tensor, eos_token_ids: torch.Tensor | None) -> tuple[int, bool]:
-    """How many of `new_tokens` [1, m] to keep: all, or up to and including the first EOS."""
+def _round_outcome(accepted: torch.Tensor, span: torch.Tensor, eos_token_ids: torch.Tensor | None) -> tuple[int, int]:
+    """(n, e): the accepted count and the index in `span` [1, m] of the first EOS among the n + 1 new
+    tokens (m when there is none), read from the device in one transfer: the round's only host sync."""
     if eos_token_ids is None:
-        return new_tokens.shape[1], False
-    hits = torch.isin(new_tokens[0], eos_token_ids).nonzero()
-    if hits.numel() == 0:
-        return new_tokens.shape[1], False
-    return int(hits[0, 0]) + 1, True
+        return int(accepted[0]), span.shape[1]
+    positions = torch.arange(span.shape[1], device=span.device)
+    hits = torch.isin(span[0], eos_token_ids) & (positions <= accepted[0])  # [m]
+    first = torch.where(hits.any(), hits.long().argmax(), span.shape[1])
+    n, first_eos = torch.stack([accepted[0], first]).tolist()
+    return n, first_eos
 
 
 def decode(
@@ -66,8 +68,8 @@ def decode(
     first = _choose_first(logits, buffer.committed(), selector, generator)
     draft_ready = False
     buffer.ids[:, buffer.length] = first
-    new_tokens, finished = _commit_count(buffer.ids[:, buffer.length : buffer.length + 1], settings.eos_token_ids)
-    buffer.length += new_tokens
+    finished = settings.eos_token_ids is not None and bool(torch.isin(first, settings.eos_token_ids).any())
+    buffer.length += 1
     settings.synchronize()
     prefill_done = time.perf_counter()
 
@@ -95,14 +97,16 @@ def decode(
             if gamma > 0:
                 accepted, next_token = speculative_accept(draft, proposal.q, p, generator)
             else:
-                accepted, next_token = torch.zeros(1, dtype=torch.long), sample(p[:, -1], generator)
+                accepted, next_token = torch.zeros(1, dtype=torch.long, device=p.device), sample(p[:, -1], generator)
         else:
             accepted, next_token = greedy_accept(draft, selector.greedy(logits, context))
 
-        n = int(accepted[0])  # the one host sync per round
+        span = buffer.ids[:, start : start + gamma + 1]  # [1, γ+1]: the draft, then scratch
+        span.scatter_(1, accepted[:, None], next_token[:, None])  # the target's token after the n accepted
+        n, first_eos = _round_outcome(accepted, span, settings.eos_token_ids)
         verified_at = time.perf_counter()
-        buffer.ids[:, start + n] = next_token
-        keep, finished = _commit_count(buffer.ids[:, start : start + min(n + 1, remaining)], settings.eos_token_ids)
+        keep = min(n + 1, remaining, first_eos + 1)  # up to the token limit and the first EOS included
+        finished = first_eos < keep
         buffer.length = start + keep
 
         target.rollback(buffer.length - 1)  # the newest committed token stays pending

@@ -128,13 +128,16 @@ class _PositionAcceptance:
             rates.append(previous)
         return rates
 
-    def expected_tokens(self, gamma: int) -> float:
-        """E[tokens](γ) = 1 + Σ_{k≤γ} Π_{i≤k} α_i."""
-        total, survive = 1.0, 1.0
-        for rate in self.rates()[:gamma]:
+    def expected_tokens_by_gamma(self) -> list[float]:
+        """[E(0), E(1), …, E(γmax)] with E(γ) = 1 + Σ_{k≤γ} Π_{i≤k} α_i, in one pass."""
+        expected, survive = [1.0], 1.0
+        for rate in self.rates():
             survive *= rate
-            total += survive
-        return total
+            expected.append(expected[-1] + survive)
+        return expected
+
+    def expected_tokens(self, gamma: int) -> float:
+        return self.expected_tokens_by_gamma()[gamma]
 
 
 class _VerifyCost:
@@ -204,15 +207,16 @@ class AdaptiveSchedule:
         self.plain_streak = 0
         self.chosen: list[int] = []  # γ of every round, for statistics and tests
 
-    def tokens_per_second(self, gamma: int) -> float:
-        if gamma == 0:
-            return 1.0 / max(self.verify(1), 1e-9)
-        cost = gamma * (self.draft_step.value or 0.0) + self.verify(gamma + 1)
-        return self.acceptance.expected_tokens(gamma) / max(cost, 1e-9)
+    def tokens_per_second(self) -> list[float]:
+        """Expected tokens per second for γ = 0 (plain), 1, …, γ_max: E(γ) / (γ·t_d + t_v(γ+1))."""
+        expected = self.acceptance.expected_tokens_by_gamma()
+        t_d = self.draft_step.value or 0.0
+        return [expected[g] / max(g * t_d + self.verify(g + 1), 1e-9) for g in range(self.max_gamma + 1)]
 
     def best_gamma(self) -> int:
-        best = max(range(1, self.max_gamma + 1), key=self.tokens_per_second)
-        return best if self.tokens_per_second(best) > (1 + self.margin) * self.tokens_per_second(0) else 0
+        rates = self.tokens_per_second()
+        best = max(range(1, self.max_gamma + 1), key=rates.__getitem__)
+        return best if rates[best] > (1 + self.margin) * rates[0] else 0
 
     def probe_interval(self) -> int:
         """Plain rounds between probes. A γ = 1 probe that accepts nothing costs (t_d + t_v(2) − t_v(1)) / t_v(1)

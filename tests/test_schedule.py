@@ -179,3 +179,18 @@ def test_seeded_sampling_defaults_to_a_constant_schedule_and_reproduces_its_toke
     assert torch.equal(runs[0].sequences, runs[1].sequences)
     unseeded = generate(target, prompt, assistant_model=draft, max_new_tokens=5, do_sample=True)
     assert unseeded.stats.schedule == "AdaptiveSchedule"
+
+
+@pytest.mark.parametrize("accepted_first,explorations", [(0, 1), (2, 2)])
+def test_exploration_repeats_only_for_a_draft_that_got_something_right(accepted_first, explorations):
+    """Two plain rounds, then γ = initial once; a second time only if the first accepted anything
+    (so one warm-up-inflated time cannot end a good draft's speculation, and a useless one costs one round)."""
+    schedule = AdaptiveSchedule(max_gamma=8, initial=3)
+    useless_costs = dict(draft_s=3 * 0.5, verify_s=2.0)  # after exploring: speculation cannot win
+    for _ in range(2):
+        assert schedule.draft_length() == 0
+        schedule.update(RoundObservation(0, 0, 0.0, 1.0))
+    assert schedule.draft_length() == 3
+    schedule.update(RoundObservation(3, accepted_first, **useless_costs))
+    second = schedule.draft_length()
+    assert (second == 3) == (explorations == 2), schedule.chosen

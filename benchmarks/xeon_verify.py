@@ -22,7 +22,10 @@ from xeon_common import interleaved, llama, median_ms, write_result
 
 from assisted_backends.core import hf_compat
 
-TARGETS = {"h1024 x 8, V 32000 (~190M)": (1024, 8, 32000)}
+TARGETS = {  # label: (hidden, layers, vocabulary, heads)
+    "h1024 x 8, V 32000 (~190M)": (1024, 8, 32000, 8),
+    "h384 x 6, V 4096 (the demo target's shape, random weights)": (384, 6, 4096, 6),
+}
 TOKENS = (1, 2, 4, 5, 9)  # K + 1 for K = 0 (a decode step), 1, 3, 4, 8
 
 
@@ -53,9 +56,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     results = {}
-    for label, (hidden, layers, vocab) in TARGETS.items():
+    for label, (hidden, layers, vocab, heads) in TARGETS.items():
         torch.manual_seed(0)
-        fp32 = llama(hidden, layers, vocab)
+        fp32 = llama(hidden, layers, vocab, heads=heads)
         models = {"fp32": fp32, "bf16": copy.deepcopy(fp32).to(torch.bfloat16)}
         cases = {f"{dtype} q={q}": _step(model, q) for dtype, model in models.items() for q in TOKENS}
         samples = interleaved(cases, args.repeats)

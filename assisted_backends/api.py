@@ -179,6 +179,9 @@ def generate(
         assistant_model, tokenizer, assistant_tokenizer, prompt_lookup_num_tokens, assistant_early_exit
     )
     drafting.validate(spec, model)
+    hf_compat.check_rollback_supported(model, "target")
+    if assistant_model is not None:
+        hf_compat.check_rollback_supported(assistant_model, "assistant_model")
     gamma = drafting.draft_length(spec, gamma)
     if bucket_size is not None and bucket_size < 1:
         raise ValueError(f"bucket_size must be >= 1, got {bucket_size}")

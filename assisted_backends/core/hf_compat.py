@@ -6,6 +6,7 @@ transformers release is handled here and nowhere else.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from functools import cache
 
@@ -98,27 +99,93 @@ def dtype_kwargs(dtype: torch.dtype | None) -> dict[str, torch.dtype]:
     return {"dtype": dtype} if _TRANSFORMERS_VERSION >= (4, 56) else {"torch_dtype": dtype}
 
 
+ROLLBACK_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+def text_config(model: PreTrainedModel):
+    """The decoder's config (the model's own for a text-only causal LM)."""
+    config = model.config
+    if hasattr(config, "get_text_config"):
+        try:
+            return config.get_text_config(decoder=True)
+        except TypeError:  # transformers < 4.52 takes no `decoder`
+            return config.get_text_config()
+    return config
+
+
+def check_rollback_supported(model: PreTrainedModel, role: str) -> None:
+    """Refuse, before anything runs, a model whose cache cannot move back to an earlier position exactly.
+
+    Attention layers of every kind (full, sliding-window, chunked) roll back: the caches this module
+    builds keep every position (see `full_storage_config`). Recurrent and linear-attention state
+    (Mamba, RWKV, hybrid SSM stacks) and cross-layer KV sharing fold the past into a state that a
+    rejected draft token cannot be taken out of.
+    """
+    name = type(model).__name__
+    if getattr(model, "_is_stateful", False):
+        raise NotImplementedError(
+            f"the {role} ({name}) keeps recurrent state that cannot be rolled back past a rejected draft token; "
+            "assisted decoding needs an attention-only model"
+        )
+    config = text_config(model)
+    unsupported = sorted(set(getattr(config, "layer_types", None) or ()) - set(ROLLBACK_LAYER_TYPES))
+    if unsupported:
+        raise NotImplementedError(
+            f"the {role} ({name}) has layers of type {unsupported} whose cache cannot be rolled back exactly; "
+            f"supported layer types: {list(ROLLBACK_LAYER_TYPES)}"
+        )
+    if getattr(config, "kv_sharing_modes", None) or getattr(config, "num_kv_shared_layers", 0):
+        raise NotImplementedError(
+            f"the {role} ({name}) shares KV caches across layers, which this package cannot roll back; "
+            "use a model without KV sharing"
+        )
+
+
+def full_storage_config(model: PreTrainedModel):
+    """A copy of the decoder config whose every layer is a full-attention cache layer.
+
+    Used only to build caches. Sliding-window and chunked layers then keep every position instead of
+    the last W: a rollback never needs a position the window already dropped, and the model still
+    attends only within its window, because the masks come from the model's own config (its
+    window applies to absolute positions) and not from the cache's layer kinds. The price is memory
+    and attention work over positions older than W, for sequences longer than the window.
+    """
+    config = text_config(model)
+    if not (getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None)):
+        return config
+    config = copy.deepcopy(config)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = ["full_attention"] * len(config.layer_types)
+    for name in ("sliding_window", "attention_chunk_size"):
+        if hasattr(config, name):
+            setattr(config, name, None)
+    return config
+
+
 def new_dynamic_cache(model: PreTrainedModel) -> DynamicCache | LegacyCache:
+    """An append-only cache, every layer keeping every position (`full_storage_config`)."""
     if uses_legacy_cache(model):
         return LegacyCache()
     try:
-        return DynamicCache(config=model.config)
-    except TypeError:  # transformers < 4.56 takes no config
+        return DynamicCache(config=full_storage_config(model))
+    except TypeError:  # transformers < 4.56 takes no config and builds full layers anyway
         return DynamicCache()
 
 
 def new_static_cache(
     model: PreTrainedModel, batch_size: int, max_cache_len: int, dtype: torch.dtype, device: torch.device
 ) -> StaticCache | LegacyCache:
-    """A cache preallocated to `max_cache_len` positions (lazily on first write in 5.x).
+    """A cache preallocated to `max_cache_len` positions in every layer (lazily on first write in 5.x).
 
+    Sliding-window layers get full-length storage too (`full_storage_config`): a static sliding layer
+    writes cyclically, so moving its write position back would not undo a rejected token.
     Models with tuple caches only (GPT-2, GPTBigCode in transformers < 4.53) have no static cache: they
     get a LegacyCache, so the static layout still runs them (rollback slices instead of moving a
     position; the shapes are not fixed, which only graph-capturing devices need).
     """
     if uses_legacy_cache(model):
         return LegacyCache()
-    config = model.config
+    config = full_storage_config(model)
     try:  # transformers 4.5x signature
         return StaticCache(
             config=config, max_batch_size=batch_size, max_cache_len=max_cache_len, device=device, dtype=dtype

@@ -14,11 +14,11 @@ from transformers import GenerationConfig, PreTrainedModel
 from assisted_backends import drafting
 from assisted_backends.backends.base import Backend, BackendOptions
 from assisted_backends.backends.registry import resolve_backend
-from assisted_backends.core import hf_compat
-from assisted_backends.core.kv_cache import LAYOUT_NAMES, make_layout
+from assisted_backends.core import generation_options, hf_compat, model_state
+from assisted_backends.core.kv_cache import LAYOUT_NAMES, bucketed, make_layout
 from assisted_backends.core.loop import LoopSettings, decode
 from assisted_backends.core.runner import ModelRunner
-from assisted_backends.core.sampling import SamplingConfig, TokenSelector
+from assisted_backends.core.sampling import TokenSelector
 from assisted_backends.core.schedule import make_schedule
 from assisted_backends.core.stats import GenerationStats
 from assisted_backends.core.tokens import TokenBuffer
@@ -37,76 +37,6 @@ class GenerateResult:
 
 def _first_set(*values):
     return next((value for value in values if value is not None), None)
-
-
-def _as_id_list(value) -> list[int] | None:
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        return [int(v) for v in value.flatten().tolist()]
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value]
-    return [int(value)]
-
-
-def _validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, int]:
-    """Return input_ids as [1, P] long and its number of left-padding positions."""
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(
-            f"input_ids must be a torch.LongTensor of shape [batch, length], got {type(input_ids).__name__}"
-        )
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None, :]
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape [batch, length], got {tuple(input_ids.shape)}")
-    if input_ids.shape[1] == 0:
-        raise ValueError("input_ids is empty: the prompt needs at least one token (add a BOS token for an empty text)")
-    if input_ids.shape[0] != 1:
-        raise NotImplementedError(
-            f"batch size {input_ids.shape[0]} is not supported yet: assisted decoding runs one prompt at a time; "
-            "call generate once per prompt"
-        )
-    if attention_mask is None:
-        return input_ids.long(), 0
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids {tuple(input_ids.shape)}; "
-            "they must match"
-        )
-    mask = attention_mask[0].bool()
-    pad = int((~mask).long().cumprod(0).sum())  # leading zeros
-    if not bool(mask[pad:].all()):
-        raise ValueError("attention_mask must be left padding only (zeros, then ones); got zeros after the first one")
-    if pad == input_ids.shape[1]:
-        raise ValueError("attention_mask masks every prompt token: the prompt needs at least one real token")
-    return input_ids.long(), pad
-
-
-def _sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, generation_config) -> SamplingConfig:
-    config = generation_config or GenerationConfig()
-    do_sample = bool(_first_set(do_sample, config.do_sample, False))
-    temperature = float(_first_set(temperature, config.temperature, 1.0))
-    top_k = _first_set(top_k, config.top_k)
-    top_p = _first_set(top_p, config.top_p)
-    repetition_penalty = _first_set(repetition_penalty, getattr(config, "repetition_penalty", None))
-    if do_sample and temperature <= 0:
-        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}; use do_sample=False for greedy")
-    if top_k is not None and top_k < 0:
-        raise ValueError(f"top_k must be >= 0, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if repetition_penalty is not None and repetition_penalty <= 0:
-        raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
-    return SamplingConfig(do_sample, temperature, top_k or None, top_p, repetition_penalty)
-
-
-def _check_length(model: PreTrainedModel, role: str, needed: int, prompt_length: int, max_new_tokens: int) -> None:
-    limit = hf_compat.max_positions(model)
-    if limit is not None and needed > limit:
-        raise ValueError(
-            f"prompt ({prompt_length} tokens) + max_new_tokens ({max_new_tokens}) = {needed} exceeds the {role}'s "
-            f"{limit} positions; shorten the prompt or lower max_new_tokens"
-        )
 
 
 def generate(
@@ -153,27 +83,26 @@ def generate(
     when `num_assistant_tokens` or static shapes fix γ, and when sampling with a `seed`, so that the
     seed reproduces the tokens: the adaptive γ depends on wall times).
     """
-    config = generation_config or GenerationConfig()
-    model_config = getattr(model, "generation_config", None) or GenerationConfig()
-    max_new_tokens = _first_set(max_new_tokens, config.max_new_tokens)
-    if max_new_tokens is None:
-        raise ValueError("max_new_tokens is required (as an argument or in generation_config)")
-    if int(max_new_tokens) < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    max_new_tokens = int(max_new_tokens)
-    gamma = _first_set(
-        num_assistant_tokens, getattr(config, "num_assistant_tokens", None) if generation_config else None
+    explicit = dict(
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        repetition_penalty=repetition_penalty,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
     )
+    options = generation_options.resolve(model, input_ids, attention_mask, generation_config, explicit)
+    input_ids, user_pad, max_new_tokens = options.input_ids, options.user_pad, options.max_new_tokens
+    sampling, eos_ids, pad_id = options.sampling, options.eos_ids, options.pad_id
+    gamma = _first_set(num_assistant_tokens, getattr(generation_config, "num_assistant_tokens", None))
     if gamma is not None and int(gamma) < 1:
         raise ValueError(f"num_assistant_tokens must be >= 1, got {gamma}")
     if cache_layout is not None and cache_layout not in LAYOUT_NAMES:
         raise ValueError(f"cache_layout={cache_layout!r} is not one of {LAYOUT_NAMES}")
     if static_shapes and cache_layout == "dynamic":
         raise ValueError("static_shapes=True needs the static cache layout; drop cache_layout='dynamic'")
-    sampling = _sampling_config(do_sample, temperature, top_k, top_p, repetition_penalty, generation_config)
-    eos_ids = _as_id_list(_first_set(eos_token_id, config.eos_token_id, model_config.eos_token_id))
-    pad_id = _first_set(pad_token_id, config.pad_token_id, model_config.pad_token_id, (eos_ids or [0])[0])
-    input_ids, user_pad = _validate_prompt(input_ids, attention_mask)
 
     spec = drafting.DraftSpec(
         assistant_model, tokenizer, assistant_tokenizer, prompt_lookup_num_tokens, assistant_early_exit
@@ -202,37 +131,43 @@ def generate(
     prompt_length = input_ids.shape[1]
     bucket_pad = (-prompt_length) % policy.bucket if policy.pad_prompt else 0
     real_prompt = prompt_length - user_pad
-    _check_length(model, "target", real_prompt + max_new_tokens, real_prompt, max_new_tokens)
-
-    target = backend.prepare(model, "target")
-    draft = backend.prepare(assistant_model, "draft") if assistant_model is not None else None
-    device_ = backend.device
-    prompt = torch.nn.functional.pad(input_ids, (bucket_pad, 0), value=int(pad_id)).to(device_)
-    pad = torch.tensor([user_pad + bucket_pad], device=device_)  # [B]
     lookahead = max_gamma + 1 if spec.speculates else 1
-    capacity = prompt.shape[1] + max_new_tokens + lookahead
+    capacity = prompt_length + bucket_pad + max_new_tokens + lookahead
+    cache_length = bucketed(capacity, policy.bucket) if layout_name == "static" else capacity
+    generation_options.check_length(model, "target", real_prompt, max_new_tokens, cache_length)
+    if assistant_model is not None and tokenizer is None:  # same-vocabulary draft: it sees every position
+        generation_options.check_length(assistant_model, "assistant_model", real_prompt, max_new_tokens, cache_length)
 
-    def runner(m: PreTrainedModel) -> ModelRunner:
-        layout = make_layout(layout_name, m, pad, capacity, policy.bucket)
-        return ModelRunner(m, layout, step_boundary=backend.step_boundary)
+    with model_state.restored(model, assistant_model):  # training mode back as it was after the call
+        target = backend.prepare(model, "target")
+        draft = backend.prepare(assistant_model, "draft") if assistant_model is not None else None
+        model_state.evaluation_mode(target, draft)  # every call: the caller may have called .train() since
+        device_ = backend.device
+        processors = generation_options.logits_processors(model, options, options.attention_mask, device_)
+        prompt = torch.nn.functional.pad(input_ids, (bucket_pad, 0), value=int(pad_id)).to(device_)
+        pad = torch.tensor([user_pad + bucket_pad], device=device_)  # [B]
 
-    drafter = drafting.build_drafter(spec, target, draft, runner, policy.fixed_draft_length)
-    buffer = TokenBuffer(prompt, capacity, int(pad_id))
-    eos_tensor = torch.tensor(eos_ids, device=device_) if eos_ids else None
-    stats = GenerationStats(
-        drafter=drafter.name if drafter else "none",
-        schedule=type(draft_schedule).__name__ if drafter else "none",
-        cache_layout=layout_name,
-        backend=backend.name,
-    )
-    decode(
-        target=runner(target),
-        drafter=drafter,
-        buffer=buffer,
-        selector=TokenSelector(sampling),
-        schedule=draft_schedule if drafter else None,
-        generator=backend.generator(seed),
-        settings=LoopSettings(max_new_tokens, eos_tensor, policy.fixed_draft_length, backend.synchronize),
-        stats=stats,
-    )
+        def runner(m: PreTrainedModel) -> ModelRunner:
+            layout = make_layout(layout_name, m, pad, capacity, policy.bucket)
+            return ModelRunner(m, layout, step_boundary=backend.step_boundary)
+
+        drafter = drafting.build_drafter(spec, target, draft, runner, policy.fixed_draft_length)
+        buffer = TokenBuffer(prompt, capacity, int(pad_id))
+        eos_tensor = torch.tensor(eos_ids, device=device_) if eos_ids else None
+        stats = GenerationStats(
+            drafter=drafter.name if drafter else "none",
+            schedule=type(draft_schedule).__name__ if drafter else "none",
+            cache_layout=layout_name,
+            backend=backend.name,
+        )
+        decode(
+            target=runner(target),
+            drafter=drafter,
+            buffer=buffer,
+            selector=TokenSelector(sampling, processors, offset=bucket_pad),
+            schedule=draft_schedule if drafter else None,
+            generator=backend.generator(seed),
+            settings=LoopSettings(max_new_tokens, eos_tensor, policy.fixed_draft_length, backend.synchronize),
+            stats=stats,
+        )
     return GenerateResult(sequences=buffer.committed()[:, bucket_pad:].clone(), stats=stats)

@@ -1,9 +1,12 @@
 """Turning logits into the distribution plain decoding would sample from.
 
-`TokenSelector` applies transformers' own logits processors (repetition penalty, then temperature,
-top-k, top-p: the order `model.generate` uses), so the target's p and the draft's q are exactly the
-distributions plain sampling would draw from (DESIGN.md rule 2). Prefix-dependent processors see
-the prefix extended by the earlier draft tokens of the same round.
+`TokenSelector` applies transformers' own logits processors: the list `model.generate` builds for
+the same call (`core.generation_options`), or, from a bare `SamplingConfig`, repetition penalty then
+temperature, top-k, top-p. So the target's p and the draft's q are exactly the distributions plain
+sampling would draw from (DESIGN.md rule 2). Prefix-dependent processors see, at verify position j,
+the prefix extended by the earlier draft tokens of the same round, without the bucket padding
+static shapes insert (`offset`), so the ids and lengths they see are those `model.generate` sees.
+Processors that act on each row alone run once on all positions together.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers.generation import logits_process
 from transformers.generation.logits_process import (
     LogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
@@ -31,22 +35,49 @@ class SamplingConfig:
     repetition_penalty: float | None = None
 
 
-class TokenSelector:
-    """Processes logits [B, q, V] into scores, probabilities, and chosen tokens."""
+# Processors whose output row depends on that row of scores only (no prefix, no per-batch state).
+_ROW_WISE_NAMES = (
+    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
+    "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper", "SuppressTokensLogitsProcessor",
+    "InfNanRemoveLogitsProcessor", "LogitNormalization",
+)  # fmt: skip
+ROW_WISE = tuple(c for c in (getattr(logits_process, n, None) for n in _ROW_WISE_NAMES) if c is not None)
 
-    def __init__(self, config: SamplingConfig) -> None:
+
+def _config_processors(config: SamplingConfig) -> list[LogitsProcessor]:
+    processors: list[LogitsProcessor] = []
+    if config.repetition_penalty not in (None, 1.0):
+        processors.append(RepetitionPenaltyLogitsProcessor(float(config.repetition_penalty)))
+    if config.do_sample:
+        if config.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(config.temperature))
+        if config.top_k:
+            processors.append(TopKLogitsWarper(config.top_k))
+        if config.top_p is not None and config.top_p < 1.0:
+            processors.append(TopPLogitsWarper(config.top_p))
+    return processors
+
+
+class TokenSelector:
+    """Processes logits [B, q, V] into scores, probabilities, and chosen tokens.
+
+    `processors`: transformers' processors in `model.generate`'s order (default: built from
+    `config`); `offset`: leading positions of every context that `model.generate` would not see
+    (static-shape bucket padding).
+    """
+
+    def __init__(
+        self, config: SamplingConfig, processors: list[LogitsProcessor] | None = None, offset: int = 0
+    ) -> None:
         self.config = config
-        self._prefix_processors: list[LogitsProcessor] = []
-        self._warpers: list[LogitsProcessor] = []
-        if config.repetition_penalty not in (None, 1.0):
-            self._prefix_processors.append(RepetitionPenaltyLogitsProcessor(config.repetition_penalty))
-        if config.do_sample:
-            if config.temperature != 1.0:
-                self._warpers.append(TemperatureLogitsWarper(config.temperature))
-            if config.top_k:
-                self._warpers.append(TopKLogitsWarper(config.top_k))
-            if config.top_p is not None and config.top_p < 1.0:
-                self._warpers.append(TopPLogitsWarper(config.top_p))
+        self.offset = offset
+        processors = _config_processors(config) if processors is None else list(processors)
+        # The longest tail of row-wise processors runs batched; everything before it runs per position.
+        split = len(processors)
+        while split > 0 and isinstance(processors[split - 1], ROW_WISE):
+            split -= 1
+        self._prefix_processors = processors[:split]
+        self._warpers = processors[split:]
 
     @property
     def do_sample(self) -> bool:
@@ -56,21 +87,21 @@ class TokenSelector:
         """Processed scores [B, q, V] for logits [B, q, V].
 
         `context` [B, L] ends with the token fed at the last of the q positions, so position j was
-        computed after the prefix `context[:, : L - (q - 1 - j)]`.
+        computed after the prefix `context[:, offset : L - (q - 1 - j)]`.
         """
         batch, query_length, vocab = logits.shape
         if self._prefix_processors:
             rows = []
-            for j in range(query_length):
-                prefix = context[:, : context.shape[1] - (query_length - 1 - j)]
-                row = logits[:, j, :]
+            for j in range(query_length):  # γ + 1 positions at most
+                prefix = context[:, self.offset : context.shape[1] - (query_length - 1 - j)]
+                row = logits[:, j, :].clone()  # some processors write in place
                 for processor in self._prefix_processors:
                     row = processor(prefix, row)
                 rows.append(row)
             logits = torch.stack(rows, dim=1)
         if self._warpers:
             flat = logits.reshape(batch * query_length, vocab)
-            for warper in self._warpers:  # temperature / top-k / top-p ignore the prefix
+            for warper in self._warpers:  # row-wise: they ignore the prefix
                 flat = warper(None, flat)
             logits = flat.reshape(batch, query_length, vocab)
         return logits

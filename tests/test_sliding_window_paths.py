@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from any_draft_fixtures import PROMPTS, saved_tokenizers
-from architectures import HYBRID_ARCHS, SLIDING_ARCHS, build, noisy_copy
+from architectures import HYBRID_ARCHS, SLIDING_ARCHS, build, noisy_copy, refused_here
 from fakes import habana_fake
 from stats_tools import NEW, PROMPT, V, assert_same_distribution, exact_joint, sample_counts
 from test_architecture_matrix import NEW_TOKENS, PROMPT_LENGTH, repetitive_prompt
@@ -18,10 +18,16 @@ from transformers.generation.logits_process import LogitsProcessorList, TopKLogi
 
 from assisted_backends import generate
 from assisted_backends.backends import BackendOptions, registry
+from assisted_backends.core.graphs import graph_capturable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 WINDOWED = SLIDING_ARCHS[:2] + HYBRID_ARCHS
+
+
+def skip_if_refused(model_type: str) -> None:
+    if refused_here(model_type):
+        pytest.skip(f"{model_type} is refused by this transformers (tests/test_architecture_matrix.py checks how)")
 
 
 def reference(model, prompt: torch.Tensor) -> torch.Tensor:
@@ -42,6 +48,7 @@ def habana():
 @pytest.mark.parametrize("model_type", WINDOWED)
 def test_hpu_policy_static_shapes(habana, model_type, monkeypatch):
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    skip_if_refused(model_type)
     target = build(model_type, seed=0)
     draft = noisy_copy(target, seed=3, scale=0.05)
     prompt = repetitive_prompt(PROMPT_LENGTH, seed=7)
@@ -56,7 +63,10 @@ def test_hpu_policy_static_shapes(habana, model_type, monkeypatch):
 
 @pytest.mark.parametrize("model_type", WINDOWED)
 def test_cuda_graph_policy(model_type):
+    skip_if_refused(model_type)
     target = build(model_type, seed=0)
+    if not graph_capturable(target):
+        pytest.skip(f"{model_type} has no static cache in this transformers version (the backend falls back)")
     draft = noisy_copy(target, seed=3, scale=0.05)
     prompt = repetitive_prompt(PROMPT_LENGTH, seed=7)
     expected = reference(target, prompt)
@@ -70,6 +80,7 @@ def test_cuda_graph_policy(model_type):
 
 @pytest.mark.parametrize("model_type", ["gemma3_text", "mistral"])
 def test_draft_of_another_tokenizer(tmp_path, model_type):
+    skip_if_refused(model_type)
     target_tokenizer, draft_tokenizer = saved_tokenizers(tmp_path)
     target = build(model_type, seed=0, vocab_size=len(target_tokenizer))
     draft = build("qwen2", seed=1, vocab_size=len(draft_tokenizer))
@@ -87,6 +98,7 @@ def test_draft_of_another_tokenizer(tmp_path, model_type):
 @pytest.mark.parametrize("model_type", ["mistral", "gemma3_text"])
 def test_lossless_sampling_through_the_window(model_type):
     """Window 2 < prompt + new tokens (7): the window and its rollback shape every sampled position."""
+    skip_if_refused(model_type)
     target = build(model_type, seed=0, vocab_size=V, sliding_window=2, initializer_range=0.15)
     draft = build(model_type, seed=1, vocab_size=V, sliding_window=2, initializer_range=0.15)
     warpers = LogitsProcessorList([TopKLogitsWarper(5)])

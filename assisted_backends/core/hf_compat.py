@@ -100,6 +100,9 @@ def dtype_kwargs(dtype: torch.dtype | None) -> dict[str, torch.dtype]:
 
 
 ROLLBACK_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+# From this release on, hybrid models (Gemma 2/3, Cohere 2) take their window from the config and apply it
+# to absolute positions whatever cache they are given; before it they need a HybridCache.
+HYBRID_MASKS_FROM_CONFIG = (4, 56)
 
 
 def text_config(model: PreTrainedModel):
@@ -133,6 +136,12 @@ def check_rollback_supported(model: PreTrainedModel, role: str) -> None:
         raise NotImplementedError(
             f"the {role} ({name}) has layers of type {unsupported} whose cache cannot be rolled back exactly; "
             f"supported layer types: {list(ROLLBACK_LAYER_TYPES)}"
+        )
+    if _TRANSFORMERS_VERSION < HYBRID_MASKS_FROM_CONFIG and getattr(config, "cache_implementation", None) == "hybrid":
+        raise NotImplementedError(
+            f"the {role} ({name}) mixes sliding-window and full-attention layers; transformers "
+            f"{transformers.__version__} builds its masks from a HybridCache, which cannot be rolled back. "
+            f"Upgrade: pip install 'transformers>={HYBRID_MASKS_FROM_CONFIG[0]}.{HYBRID_MASKS_FROM_CONFIG[1]}'"
         )
     if getattr(config, "kv_sharing_modes", None) or getattr(config, "num_kv_shared_layers", 0):
         raise NotImplementedError(

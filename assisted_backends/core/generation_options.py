@@ -28,7 +28,7 @@ HONOURED = frozenset(
         "encoder_repetition_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
         "renormalize_logits", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
         "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "sequence_bias",
-        "eos_token_id", "pad_token_id",
+        "eos_token_id", "pad_token_id", "stop_strings",
     }
 )  # fmt: skip
 
@@ -44,7 +44,6 @@ REFUSED: tuple[tuple[str, object, str], ...] = (
     ("watermarking_config", lambda v: v is not None, "watermarking is not supported: leave it unset"),
     ("num_return_sequences", lambda v: v is not None and v > 1, "call generate once per sequence"),
     ("max_time", lambda v: v is not None, "a wall-clock limit makes the tokens timing-dependent: use max_new_tokens"),
-    ("stop_strings", lambda v: v is not None, "stop strings are not supported by generate(): use eos_token_id"),
     ("token_healing", lambda v: bool(v), "token healing is not supported: leave it unset"),
     ("constraints", lambda v: v is not None, "constrained beam search is not supported"),
     ("force_words_ids", lambda v: v is not None, "constrained beam search is not supported"),
@@ -89,6 +88,15 @@ class GenerationOptions:
     attention_mask: torch.Tensor | None
 
 
+def config_fields(fields: dict) -> dict:
+    """`generate(**fields)`: GenerationConfig fields by name, as `model.generate(**kwargs)` takes them."""
+    known = GenerationConfig().to_dict()
+    for name in fields:
+        if name.startswith("_") or name not in known:
+            raise TypeError(f"generate() got an unexpected keyword argument {name!r} (not a GenerationConfig field)")
+    return fields
+
+
 def _check_explicit(do_sample, temperature, top_k, top_p, repetition_penalty, max_new_tokens=None) -> None:
     if max_new_tokens is not None and int(max_new_tokens) < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -106,13 +114,13 @@ def merged_config(model: PreTrainedModel, generation_config: GenerationConfig | 
     """The generation config `model.generate(generation_config=..., **explicit)` would use."""
     explicit = {key: value for key, value in explicit.items() if value is not None}
     prepare = getattr(model, "_prepare_generation_config", None)
-    if callable(prepare):
-        config, _ = prepare(copy.deepcopy(generation_config) if generation_config is not None else None, **explicit)
-        return config
-    config = copy.deepcopy(generation_config) if generation_config is not None else GenerationConfig()
-    own = getattr(model, "generation_config", None)
-    if own is not None:
-        config.update(**own.to_dict(), defaults_only=True)
+    if callable(prepare):  # transformers' own merge; explicit arguments go last, as its kwargs do
+        config, _ = prepare(copy.deepcopy(generation_config) if generation_config is not None else None)
+    else:
+        config = copy.deepcopy(generation_config) if generation_config is not None else GenerationConfig()
+        own = getattr(model, "generation_config", None)
+        if own is not None:
+            config.update(**own.to_dict(), defaults_only=True)
     config.update(**explicit)
     return config
 

@@ -68,15 +68,20 @@ def generate(
     assistant_early_exit: int | None = None,
     generation_config: GenerationConfig | None = None,
     backend: Backend | None = None,
+    **generation_fields,
 ) -> GenerateResult:
     """Generate up to `max_new_tokens` after `input_ids`, assisted by a drafter when one is asked for.
 
     Drafting: `assistant_model` (same vocabulary, or another one with `tokenizer=` and
     `assistant_tokenizer=`), `prompt_lookup_num_tokens`, or `assistant_early_exit`. Unset arguments
-    come from `generation_config`, then (EOS, pad) from the model's own generation config, as
-    `model.generate` does; sampling defaults are greedy, temperature 1.0, no top-k/top-p. Greedy
-    output is token-identical to the target decoding alone; sampling draws from the same
-    distribution (lossless speculative sampling). `dtype`, `draft_precision` and `bucket_size` are
+    come from `generation_config`, then from the model's own generation config, as
+    `model.generate` does (explicit argument > `generation_config` > `model.generation_config` >
+    transformers' defaults, e.g. top_k=50 when sampling); any other GenerationConfig field can be
+    passed by name (`**generation_fields`, as `model.generate(**kwargs)` takes them); fields that
+    change tokens and cannot be honoured are refused by name (`core.generation_options`). Greedy
+    output is token-identical to the target's `model.generate`; sampling draws from the same
+    distribution (lossless speculative sampling). The models' training flags are restored after
+    the call (they run in eval mode). `dtype`, `draft_precision` and `bucket_size` are
     handed to the backend; `backend` reuses an already-resolved one (its models prepared once).
     `schedule`: "adaptive" (default; γ chosen online, 0 when speculation cannot win, at most
     `num_assistant_tokens` or 8) or "constant" (always `num_assistant_tokens`, default 4; the default
@@ -92,6 +97,7 @@ def generate(
         repetition_penalty=repetition_penalty,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
+        **generation_options.config_fields(generation_fields),
     )
     options = generation_options.resolve(model, input_ids, attention_mask, generation_config, explicit)
     input_ids, user_pad, max_new_tokens = options.input_ids, options.user_pad, options.max_new_tokens

@@ -1,7 +1,10 @@
 """The assisted-decoding loop: prefill -> [draft γ -> verify γ+1 -> accept -> commit/rollback]*.
 
 With no drafter (or γ = 0) the same loop is plain autoregressive decoding, so both modes are
-measured through one code path.
+measured through one code path. Two optional hooks (`LoopSettings`): `stop` (stop strings and custom
+criteria, `core.stopping`) flags the prefixes of a round where plain decoding would stop, on the
+device; `on_commit` (streaming, `core.streaming`) receives each round's committed tokens. Both ride
+the round's one host transfer.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.sampling import TokenSelector, sample
 from assisted_backends.core.schedule import DraftSchedule, RoundObservation
 from assisted_backends.core.stats import GenerationStats
+from assisted_backends.core.stopping import StopCheck
 from assisted_backends.core.tokens import TokenBuffer
 
 
@@ -27,6 +31,8 @@ class LoopSettings:
     eos_token_ids: torch.Tensor | None  # [E] or None
     fixed_draft_length: bool  # static shapes: always draft γ, always verify γ + 1
     synchronize: Callable[[], None]
+    stop: StopCheck | None = None  # stop strings / custom criteria, checked on every candidate prefix
+    on_commit: Callable[[list[int]], None] | None = None  # receives the committed tokens of each round
 
 
 def _choose_first(logits: torch.Tensor, context: torch.Tensor, selector: TokenSelector, generator) -> torch.Tensor:
@@ -35,16 +41,29 @@ def _choose_first(logits: torch.Tensor, context: torch.Tensor, selector: TokenSe
     return selector.greedy(logits, context)[:, -1]
 
 
-def _round_outcome(accepted: torch.Tensor, span: torch.Tensor, eos_token_ids: torch.Tensor | None) -> tuple[int, int]:
-    """(n, e): the accepted count and the index in `span` [1, m] of the first EOS among the n + 1 new
-    tokens (m when there is none), read from the device in one transfer: the round's only host sync."""
-    if eos_token_ids is None:
-        return int(accepted[0]), span.shape[1]
+def _round_outcome(
+    accepted: torch.Tensor,
+    span: torch.Tensor,
+    eos_token_ids: torch.Tensor | None,
+    stops: torch.Tensor | None,
+    with_tokens: bool,
+) -> tuple[int, int, list[int]]:
+    """(n, e, tokens): the accepted count, the index in `span` [1, m] of the first EOS or stop among the
+    n + 1 new tokens (m when there is none) and, when asked, the span's tokens, read from the device in
+    one transfer: the round's only host sync. `stops` [m]: where a stopping criterion fires."""
+    if eos_token_ids is None and stops is None and not with_tokens:
+        return int(accepted[0]), span.shape[1], []
     positions = torch.arange(span.shape[1], device=span.device)
-    hits = torch.isin(span[0], eos_token_ids) & (positions <= accepted[0])  # [m]
+    hits = positions > span.shape[1]  # [m] all False
+    if eos_token_ids is not None:
+        hits = hits | torch.isin(span[0], eos_token_ids)
+    if stops is not None:
+        hits = hits | stops
+    hits = hits & (positions <= accepted[0])  # [m]
     first = torch.where(hits.any(), hits.long().argmax(), span.shape[1])
-    n, first_eos = torch.stack([accepted[0], first]).tolist()
-    return n, first_eos
+    parts = [torch.stack([accepted[0], first])] + ([span[0]] if with_tokens else [])
+    values = torch.cat(parts).tolist()
+    return values[0], values[1], values[2:]
 
 
 def decode(
@@ -69,7 +88,11 @@ def decode(
     draft_ready = False
     buffer.ids[:, buffer.length] = first
     finished = settings.eos_token_ids is not None and bool(torch.isin(first, settings.eos_token_ids).any())
+    if settings.stop is not None and not finished:
+        finished = bool(settings.stop.hits(buffer.ids, buffer.length, 1, logits[:, -1:])[0])
     buffer.length += 1
+    if settings.on_commit is not None:
+        settings.on_commit(first.tolist())
     settings.synchronize()
     prefill_done = time.perf_counter()
 
@@ -103,11 +126,16 @@ def decode(
 
         span = buffer.ids[:, start : start + gamma + 1]  # [1, γ+1]: the draft, then scratch
         span.scatter_(1, accepted[:, None], next_token[:, None])  # the target's token after the n accepted
-        n, first_eos = _round_outcome(accepted, span, settings.eos_token_ids)
+        stops = settings.stop.hits(buffer.ids, start, gamma + 1, logits) if settings.stop is not None else None
+        n, first_eos, tokens = _round_outcome(
+            accepted, span, settings.eos_token_ids, stops, settings.on_commit is not None
+        )
         verified_at = time.perf_counter()
-        keep = min(n + 1, remaining, first_eos + 1)  # up to the token limit and the first EOS included
+        keep = min(n + 1, remaining, first_eos + 1)  # up to the token limit and the first EOS/stop included
         finished = first_eos < keep
         buffer.length = start + keep
+        if settings.on_commit is not None:
+            settings.on_commit(tokens[:keep])  # committed tokens only: never a rejected draft token
 
         target.rollback(buffer.length - 1)  # the newest committed token stays pending
         if drafter is not None and asked > 0:

@@ -1,0 +1,34 @@
+"""The shipped demo pair (a trained target/draft with its trained tokenizer) in fp32, loaded once.
+
+Real text and a draft that is sometimes right and sometimes wrong: what streaming, stop strings and
+the drop-in need to be tested against transformers' own `generate`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from assisted_backends.core.hf_compat import dtype_kwargs
+from assisted_backends.demo.pair import shipped_pair
+
+PROMPT = "import os\nimport sys\n\n\ndef main(argv=None):\n"
+
+
+@functools.cache
+def demo_pair():
+    """(target, draft, tokenizer), fp32, eval mode; skips when the installation has no shipped weights."""
+    pair = shipped_pair()
+    if pair is None:
+        pytest.skip("the shipped demo weights are not in this installation")
+    load = functools.partial(AutoModelForCausalLM.from_pretrained, **dtype_kwargs(torch.float32))
+    target, draft = load(str(pair.target_dir)).eval(), load(str(pair.draft_dir)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(pair.target_dir))
+    return target, draft, tokenizer
+
+
+def prompt_ids(tokenizer, text: str = PROMPT) -> torch.Tensor:
+    return tokenizer(text, return_tensors="pt").input_ids

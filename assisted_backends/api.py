@@ -11,16 +11,17 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from assisted_backends import drafting
+from assisted_backends import drafting, input_checks
 from assisted_backends.backends.base import Backend, BackendOptions
 from assisted_backends.backends.registry import resolve_backend
-from assisted_backends.core import generation_options, hf_compat, model_state
+from assisted_backends.core import generation_options, hf_compat, model_state, stopping
 from assisted_backends.core.kv_cache import LAYOUT_NAMES, bucketed, make_layout
 from assisted_backends.core.loop import LoopSettings, decode
 from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.sampling import TokenSelector
 from assisted_backends.core.schedule import make_schedule
 from assisted_backends.core.stats import GenerationStats
+from assisted_backends.core.streaming import StreamSink
 from assisted_backends.core.tokens import TokenBuffer
 
 DEFAULT_NUM_ASSISTANT_TOKENS = 4  # γ of the constant schedule when none is given
@@ -68,6 +69,9 @@ def generate(
     assistant_early_exit: int | None = None,
     generation_config: GenerationConfig | None = None,
     backend: Backend | None = None,
+    stop_strings: str | list[str] | None = None,
+    stopping_criteria=None,
+    streamer=None,
     **generation_fields,
 ) -> GenerateResult:
     """Generate up to `max_new_tokens` after `input_ids`, assisted by a drafter when one is asked for.
@@ -87,7 +91,13 @@ def generate(
     `num_assistant_tokens` or 8) or "constant" (always `num_assistant_tokens`, default 4; the default
     when `num_assistant_tokens` or static shapes fix γ, and when sampling with a `seed`, so that the
     seed reproduces the tokens: the adaptive γ depends on wall times).
+    `stop_strings` (with `tokenizer=`, the target's) and `stopping_criteria` stop where plain decoding
+    would; `streamer` (anything with `put`/`end`, e.g. `TextStreamer`) receives the prompt, then each
+    round's committed tokens (never a rejected draft token). Integer arguments must be ints, prompt ids
+    inside the target's vocabulary (`input_checks`).
     """
+    input_checks.check_call(model, input_ids, max_new_tokens, seed, num_assistant_tokens)
+    sink = StreamSink(streamer) if streamer is not None else None
     explicit = dict(
         max_new_tokens=max_new_tokens,
         do_sample=do_sample,
@@ -98,6 +108,7 @@ def generate(
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         **generation_options.config_fields(generation_fields),
+        stop_strings=stop_strings,
     )
     options = generation_options.resolve(model, input_ids, attention_mask, generation_config, explicit)
     input_ids, user_pad, max_new_tokens = options.input_ids, options.user_pad, options.max_new_tokens
@@ -110,8 +121,12 @@ def generate(
     if static_shapes and cache_layout == "dynamic":
         raise ValueError("static_shapes=True needs the static cache layout; drop cache_layout='dynamic'")
 
+    criteria = stopping.build_criteria(model, options.config, stopping_criteria, tokenizer)
+    translation_tokenizer = input_checks.drafting_tokenizer(
+        model, assistant_model, tokenizer, assistant_tokenizer, drafting.vocab_size
+    )
     spec = drafting.DraftSpec(
-        assistant_model, tokenizer, assistant_tokenizer, prompt_lookup_num_tokens, assistant_early_exit
+        assistant_model, translation_tokenizer, assistant_tokenizer, prompt_lookup_num_tokens, assistant_early_exit
     )
     drafting.validate(spec, model)
     hf_compat.check_rollback_supported(model, "target")
@@ -166,6 +181,8 @@ def generate(
             cache_layout=layout_name,
             backend=backend.name,
         )
+        if sink is not None:
+            sink.start(input_ids)
         decode(
             target=runner(target),
             drafter=drafter,
@@ -173,7 +190,16 @@ def generate(
             selector=TokenSelector(sampling, processors, offset=bucket_pad),
             schedule=draft_schedule if drafter else None,
             generator=backend.generator(seed),
-            settings=LoopSettings(max_new_tokens, eos_tensor, policy.fixed_draft_length, backend.synchronize),
+            settings=LoopSettings(
+                max_new_tokens,
+                eos_tensor,
+                policy.fixed_draft_length,
+                backend.synchronize,
+                stop=stopping.StopCheck(criteria, offset=bucket_pad) if criteria else None,
+                on_commit=sink.commit if sink is not None else None,
+            ),
             stats=stats,
         )
+    if sink is not None:
+        sink.end()
     return GenerateResult(sequences=buffer.committed()[:, bucket_pad:].clone(), stats=stats)

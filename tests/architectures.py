@@ -104,14 +104,14 @@ SLIDING_ARCHS = tuple(arch.model_type for arch in ARCHS if arch.cache_kinds == "
 HYBRID_ARCHS = tuple(arch.model_type for arch in ARCHS if arch.cache_kinds == "hybrid")
 _BY_NAME = {arch.model_type: arch for arch in ARCHS}
 _VERSION = tuple(int(part) for part in transformers.__version__.split(".")[:2])
-# Before transformers 4.56 these hybrid models build their masks from a HybridCache, which cannot be rolled
+# Before transformers 4.55 these hybrid models build their masks from a HybridCache, which cannot be rolled
 # back: the package must refuse them there (with an upgrade hint), never return wrong tokens.
-REFUSED_BEFORE_4_56 = ("gemma2", "gemma3_text", "cohere2")
+REFUSED_BEFORE_4_55 = ("gemma2", "gemma3_text", "cohere2")
 
 
 def refused_here(model_type: str) -> bool:
     """Whether the package must refuse `model_type` with the installed transformers."""
-    return _VERSION < (4, 56) and model_type in REFUSED_BEFORE_4_56
+    return _VERSION < (4, 55) and model_type in REFUSED_BEFORE_4_55
 
 
 class UnknownArchitecture(Exception):

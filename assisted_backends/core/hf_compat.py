@@ -102,7 +102,7 @@ def dtype_kwargs(dtype: torch.dtype | None) -> dict[str, torch.dtype]:
 ROLLBACK_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 # From this release on, hybrid models (Gemma 2/3, Cohere 2) take their window from the config and apply it
 # to absolute positions whatever cache they are given; before it they need a HybridCache.
-HYBRID_MASKS_FROM_CONFIG = (4, 56)
+HYBRID_MASKS_FROM_CONFIG = (4, 55)  # 4.51 needs a HybridCache; 4.55 and 5.x are tested
 
 
 def text_config(model: PreTrainedModel):
@@ -175,10 +175,9 @@ def new_dynamic_cache(model: PreTrainedModel) -> DynamicCache | LegacyCache:
     """An append-only cache, every layer keeping every position (`full_storage_config`)."""
     if uses_legacy_cache(model):
         return LegacyCache()
-    try:
-        return DynamicCache(config=full_storage_config(model))
-    except TypeError:  # transformers < 4.56 takes no config and builds full layers anyway
-        return DynamicCache()
+    if _TRANSFORMERS_VERSION < (4, 56):  # no config argument (4.51), or one some configs fail to parse (4.55)
+        return DynamicCache()  # every layer full-length there anyway
+    return DynamicCache(config=full_storage_config(model))
 
 
 def new_static_cache(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -125,7 +126,7 @@ def merged_config(model: PreTrainedModel, generation_config: GenerationConfig | 
     return config
 
 
-def refuse_unsupported(config: GenerationConfig) -> None:
+def refuse_unsupported(config: GenerationConfig | SimpleNamespace | None) -> None:
     """A ValueError naming the first field that changes tokens in a way this package cannot reproduce."""
     for name, active, advice in REFUSED:
         value = getattr(config, name, None)
@@ -283,6 +284,8 @@ def resolve(
         explicit.get("do_sample"), explicit.get("temperature"), explicit.get("top_k"), explicit.get("top_p"),
         explicit.get("repetition_penalty"), explicit.get("max_new_tokens"),
     )  # fmt: skip
+    for given in (generation_config, SimpleNamespace(**explicit)):  # before transformers' own validation
+        refuse_unsupported(given)
     config = merged_config(model, generation_config, explicit)
     refuse_unsupported(config)
     do_sample = bool(config.do_sample)

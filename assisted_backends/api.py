@@ -154,7 +154,8 @@ def generate(
     real_prompt = prompt_length - user_pad
     lookahead = max_gamma + 1 if spec.speculates else 1
     capacity = prompt_length + bucket_pad + max_new_tokens + lookahead
-    cache_length = bucketed(capacity, policy.bucket) if layout_name == "static" else capacity
+    # Keys a model attends over: the preallocated static cache, else at most the committed sequence.
+    cache_length = bucketed(capacity, policy.bucket) if layout_name == "static" else capacity - lookahead
     generation_options.check_length(model, "target", real_prompt, max_new_tokens, cache_length)
     if assistant_model is not None and tokenizer is None:  # same-vocabulary draft: it sees every position
         generation_options.check_length(assistant_model, "assistant_model", real_prompt, max_new_tokens, cache_length)

@@ -313,13 +313,15 @@ def resolve(
     )
 
 
-def position_limits(model: PreTrainedModel) -> tuple[int | None, int | None]:
-    """(positions limit, key-length limit) from the model's config, either None when not stated."""
+def position_limits(model: PreTrainedModel) -> tuple[int | None, tuple[str, int] | None]:
+    """(positions limit, (name, key-length limit)) from the model's config, either None when not stated."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     positions = hf_compat.max_positions(model)
     if positions is None:
         positions = next((v for n in POSITION_LIMIT_NAMES if isinstance(v := getattr(config, n, None), int)), None)
-    keys = next((v for n in KEY_LENGTH_LIMIT_NAMES if isinstance(v := getattr(config, n, None), int) and v > 0), None)
+    keys = next(
+        ((n, v) for n in KEY_LENGTH_LIMIT_NAMES if isinstance(v := getattr(config, n, None), int) and v > 0), None
+    )
     return positions, keys
 
 
@@ -335,8 +337,9 @@ def check_length(
             f"prompt ({real_prompt} tokens) + max_new_tokens ({max_new_tokens}) = {needed} exceeds the {role}'s "
             f"{positions} positions; shorten the prompt or lower max_new_tokens"
         )
-    if keys is not None and cache_length > keys:
+    if keys is not None and cache_length > keys[1]:
         raise ValueError(
-            f"the {role} attends over {cache_length} cached positions (prompt with padding + max_new_tokens + draft "
-            f"lookahead) but its config's max_seq_len is {keys}; shorten the prompt or lower max_new_tokens"
+            f"the {role} would attend over {cache_length} cached positions (prompt with padding + max_new_tokens, "
+            f"the whole preallocated cache under the static layout) but its config's {keys[0]} is {keys[1]}; "
+            "shorten the prompt or lower max_new_tokens"
         )

@@ -97,3 +97,44 @@ def test_invalid_sampling_parameters(target, kwargs, message):
 def test_non_tensor_prompt(target):
     with pytest.raises(TypeError, match="input_ids must be a torch.LongTensor"):
         generate(target, [1, 2, 3], max_new_tokens=2)
+
+
+def _tiny_mpt(max_seq_len: int):
+    from transformers import MptConfig, MptForCausalLM
+
+    torch.manual_seed(0)
+    config = MptConfig(d_model=32, n_heads=4, n_layers=1, max_seq_len=max_seq_len, vocab_size=128, expansion_ratio=2)
+    return MptForCausalLM(config).eval()
+
+
+def test_alibi_table_shorter_than_the_sequence_is_refused(target):
+    """MPT sizes its ALiBi table by max_seq_len: refused before generating, as target or as draft."""
+    mpt = _tiny_mpt(64)
+    with pytest.raises(ValueError, match=r"the target would attend over 105 cached .* config's max_seq_len is 64"):
+        generate(mpt, random_prompt(100, 0), max_new_tokens=5)
+    with pytest.raises(ValueError, match=r"the assistant_model would attend over .* max_seq_len is 64"):
+        generate(target, random_prompt(100, 0), assistant_model=mpt, max_new_tokens=5)
+    with pytest.raises(ValueError, match=r"the target would attend over 256 cached .* max_seq_len is 64"):
+        generate(mpt, random_prompt(40, 0), max_new_tokens=5, static_shapes=True, bucket_size=128)
+    assert generate(mpt, random_prompt(50, 0), max_new_tokens=14).sequences.shape == (1, 64)
+
+
+def test_unsupported_generation_config_field_is_named(target):
+    from transformers import GenerationConfig
+
+    with pytest.raises(ValueError, match=r"generation_config.num_beams=2 is not supported: beam search"):
+        generate(target, random_prompt(3, 0), generation_config=GenerationConfig(max_new_tokens=2, num_beams=2))
+    with pytest.raises(ValueError, match=r"generation_config.guidance_scale=1.5 is not supported"):
+        generate(target, random_prompt(3, 0), max_new_tokens=2, guidance_scale=1.5)
+
+
+def test_max_length_without_room_for_new_tokens(target):
+    from transformers import GenerationConfig
+
+    with pytest.raises(ValueError, match=r"max_length=3 leaves no room after the 3-token prompt"):
+        generate(target, random_prompt(3, 0), generation_config=GenerationConfig(max_length=3))
+
+
+def test_unknown_generation_keyword(target):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'topk'"):
+        generate(target, random_prompt(3, 0), max_new_tokens=2, topk=3)

@@ -96,7 +96,9 @@ def generate(
     round's committed tokens (never a rejected draft token). Integer arguments must be ints, prompt ids
     inside the target's vocabulary (`input_checks`).
     """
-    input_checks.check_call(model, input_ids, max_new_tokens, seed, num_assistant_tokens)
+    max_new_tokens, seed, num_assistant_tokens = input_checks.check_call(
+        model, input_ids, max_new_tokens, seed, num_assistant_tokens
+    )
     sink = StreamSink(streamer) if streamer is not None else None
     explicit = dict(
         max_new_tokens=max_new_tokens,

@@ -55,12 +55,14 @@ def check_token_ids(model: PreTrainedModel, input_ids) -> None:
     )
 
 
-def check_call(model: PreTrainedModel, input_ids, max_new_tokens, seed, num_assistant_tokens) -> None:
-    """The checks `generate` runs before anything else."""
+def check_call(model: PreTrainedModel, input_ids, max_new_tokens, seed, num_assistant_tokens) -> tuple:
+    """The checks `generate` runs before anything else; returns (max_new_tokens, seed,
+    num_assistant_tokens) as Python ints (numpy integers accepted) or None."""
     check_integer("max_new_tokens", max_new_tokens, minimum=1)
     check_integer("seed", seed)
     check_integer("num_assistant_tokens", num_assistant_tokens, minimum=1)
     check_token_ids(model, input_ids)
+    return tuple(None if value is None else int(value) for value in (max_new_tokens, seed, num_assistant_tokens))
 
 
 def drafting_tokenizer(model, assistant_model, tokenizer, assistant_tokenizer, vocab_size):

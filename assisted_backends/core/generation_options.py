@@ -287,6 +287,8 @@ def resolve(
     for given in (generation_config, SimpleNamespace(**explicit)):  # before transformers' own validation
         refuse_unsupported(given)
     config = merged_config(model, generation_config, explicit)
+    if isinstance(config.eos_token_id, (list, tuple)) and not config.eos_token_id:
+        config.eos_token_id = None  # eos_token_id=[]: no EOS at all (not the model's)
     refuse_unsupported(config)
     do_sample = bool(config.do_sample)
     temperature = 1.0 if config.temperature is None else float(config.temperature)

@@ -124,9 +124,21 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
     decoding.add_argument("--seed", type=int, default=None)
     decoding.add_argument("--prompt", default=None)
     decoding.add_argument(*_both("prompt_file"), dest="prompt_file", default=None)
+    decoding.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap the prompt in the tokenizer's chat template as a user turn (instruct models)",
+    )
+    decoding.add_argument("--system", default=None, metavar="TEXT", help="system message for --chat (implies it)")
 
     task = parser.add_argument_group("task and output")
     task.add_argument("--task", choices=("generate", "benchmark"), default="generate")
+    task.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="generate: print tokens as rounds commit them (default: on when stdout is a terminal)",
+    )
     task.add_argument("--quick", action="store_true", help="benchmark: a short preset of cases")
     task.add_argument(
         "--compare",
@@ -172,6 +184,8 @@ def validate(args: argparse.Namespace) -> None:
         raise ValueError("--plot draws the speedup per case and needs --task benchmark --compare")
     if args.prompt is not None and args.prompt_file is not None:
         raise ValueError("give either --prompt or --prompt-file, not both")
+    if args.task == "benchmark" and (args.chat or args.system is not None or args.stream):
+        raise ValueError("--chat, --system and --stream belong to --task generate")
     if args.task == "generate" and (args.prompt_lengths or args.new_tokens or args.quick):
         raise ValueError("--prompt-lengths, --new-tokens and --quick belong to --task benchmark")
     if args.temperature is not None and args.temperature <= 0:

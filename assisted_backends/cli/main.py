@@ -9,7 +9,7 @@ import sys
 
 from assisted_backends import distributed
 from assisted_backends.backends.registry import DeviceUnavailableError, discover
-from assisted_backends.cli import benchmark
+from assisted_backends.cli import benchmark, prompting
 from assisted_backends.cli.args import build_parser, validate
 from assisted_backends.cli.loading import CLIError
 from assisted_backends.cli.session import Session, open_session
@@ -45,15 +45,19 @@ def _print_runtime(session: Session, log) -> dict:
 def _generate_task(session: Session, log) -> None:
     args = session.args
     text = _read_prompt(args, session)
-    encoded = session.tokenizer(text, return_tensors="pt")
+    input_ids, shown = prompting.encode(session.tokenizer, text, args)
     if session.held_out_text is not None and args.repetition_penalty is None:
         args.repetition_penalty = DEMO_REPETITION_PENALTY
         print(f"note: demo pair: --repetition-penalty {DEMO_REPETITION_PENALTY} (pass 1.0 for plain greedy)", file=log)
-    result = session.generate(encoded.input_ids, args.max_new_tokens, assisted=session.assisted)
-    new_ids = result.sequences[0, encoded.input_ids.shape[1] :]
+    streamer = prompting.streamer(session.tokenizer) if prompting.wants_stream(args) else None
+    if streamer is not None:
+        print(shown, end="", flush=True)
+    result = session.generate(input_ids, args.max_new_tokens, assisted=session.assisted, streamer=streamer)
+    new_ids = result.sequences[0, input_ids.shape[1] :]
     completion = session.tokenizer.decode(new_ids, skip_special_tokens=True)
     stats = result.stats
-    print(text + completion)
+    if streamer is None:  # streamed text already ends with the completion and a newline
+        print(shown + completion)
     rate = "-" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.2f}"
     length = "-" if stats.mean_accepted_length is None else f"{stats.mean_accepted_length:.2f}"
     print(

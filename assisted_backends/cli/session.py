@@ -31,8 +31,10 @@ class Session:
     def assisted(self) -> bool:
         return not self.args.no_assisted
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, assisted: bool, ignore_eos: bool = False):
-        """One `assisted_backends.generate` call with the session's flags."""
+    def generate(
+        self, input_ids: torch.Tensor, max_new_tokens: int, assisted: bool, ignore_eos: bool = False, streamer=None
+    ):
+        """One `assisted_backends.generate` call with the session's flags (`streamer`: see cli.prompting)."""
         args = self.args
         drafting = {}
         if assisted:
@@ -57,6 +59,7 @@ class Session:
             seed=args.seed,
             static_shapes=args.static_shapes,
             eos_token_id=[] if ignore_eos else None,
+            streamer=streamer,
             backend=self.backend,
             **drafting,
         )

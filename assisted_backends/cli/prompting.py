@@ -1,0 +1,55 @@
+"""The generate task's prompt and output: chat templates for instruct models, streaming to the terminal.
+
+`--chat` renders the prompt (and `--system`, which implies `--chat`) with the tokenizer's own chat
+template and the assistant-turn opener, as instruct models are trained to see it; the rendered text
+is tokenized without adding special tokens again (the template writes them). `--stream` prints each
+round's committed tokens as they arrive (default: on when stdout is a terminal; `--no-stream` off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from assisted_backends.cli.loading import CLIError
+
+
+def wants_chat(args: argparse.Namespace) -> bool:
+    return bool(args.chat or args.system is not None)
+
+
+def wants_stream(args: argparse.Namespace, stdout=None) -> bool:
+    """--stream / --no-stream, else whether stdout is a terminal."""
+    if args.stream is not None:
+        return bool(args.stream)
+    stdout = sys.stdout if stdout is None else stdout
+    return bool(getattr(stdout, "isatty", lambda: False)())
+
+
+def chat_text(tokenizer, user: str, system: str | None) -> str:
+    """The prompt rendered by the tokenizer's chat template, ending with the assistant turn's opener."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise CLIError(
+            "--chat/--system: this model's tokenizer has no chat template (not an instruct model); drop them"
+        )
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": user}
+    ]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def encode(tokenizer, text: str, args: argparse.Namespace) -> tuple[torch.Tensor, str]:
+    """(input_ids [1, P], the text to show before the completion: the prompt, or nothing in chat mode)."""
+    if wants_chat(args):
+        rendered = chat_text(tokenizer, text, args.system)
+        return tokenizer(rendered, return_tensors="pt", add_special_tokens=False).input_ids, ""
+    return tokenizer(text, return_tensors="pt").input_ids, text
+
+
+def streamer(tokenizer):
+    """Prints committed text to stdout as rounds commit it (skipping the prompt and special tokens)."""
+    from transformers import TextStreamer
+
+    return TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)

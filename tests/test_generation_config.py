@@ -103,6 +103,8 @@ def _field_cases(path: list[int]) -> dict[str, dict]:
         "forced_eos_token_id": dict(forced_eos_token_id=3),
         "exponential_decay_length_penalty": dict(exponential_decay_length_penalty=(3, 1.5), eos_token_id=5),
         "repetition_penalty": dict(repetition_penalty=1.5),
+        "encoder_repetition_penalty": dict(encoder_repetition_penalty=1.5),
+        "renormalize_logits": dict(renormalize_logits=True, remove_invalid_values=True, repetition_penalty=1.2),
     }
 
 
@@ -187,7 +189,13 @@ def _seeded_plain(model, prompt, seed, **kwargs):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(do_sample=True), dict(do_sample=True, temperature=0.7, top_p=0.9, min_p=0.05, no_repeat_ngram_size=1)],
+    [
+        dict(do_sample=True),
+        dict(do_sample=True, temperature=0.7, top_p=0.9, min_p=0.05, no_repeat_ngram_size=1),
+        dict(do_sample=True, typical_p=0.8, repetition_penalty=1.2),
+        dict(do_sample=True, epsilon_cutoff=0.01, eta_cutoff=0.01),
+        dict(do_sample=True, top_h=0.5, renormalize_logits=True),
+    ],
 )
 def test_sampling_draws_what_model_generate_draws(kwargs):
     """No drafter, the global RNG: the same processed distribution gives the very same draws."""
@@ -256,6 +264,17 @@ def test_model_generation_config_supplies_defaults(fields):
     assert torch.equal(generate(model, prompt, generation_config=GenerationConfig(max_new_tokens=NEW)).sequences, expected)
     overridden = generate(model, prompt, max_new_tokens=NEW, do_sample=False, repetition_penalty=1.0, no_repeat_ngram_size=0)
     assert overridden.sequences[0, 6:].tolist() == plain
+
+
+def test_forced_bos_after_a_one_token_prompt():
+    model = target()
+    prompt = random_prompt(1, seed=1)
+    forced = (greedy_path(model, prompt)[0] + 1) % 128
+    expected = reference(model, prompt, max_new_tokens=NEW, forced_bos_token_id=forced)
+    assert expected[0, 1] == forced
+    for name, drafter in DRAFTERS.items():
+        result = generate(model, prompt, max_new_tokens=NEW, forced_bos_token_id=forced, **drafter(model))
+        assert torch.equal(result.sequences, expected), name
 
 
 def test_max_length_alone_counts_left_padding():

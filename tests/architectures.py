@@ -38,7 +38,7 @@ class Arch:
 
     model_type: str
     overrides: dict = field(default_factory=dict)
-    cache_kinds: str = "full"  # full | sliding | hybrid (sliding + full layers) | alibi
+    cache_kinds: str = "full"  # full | sliding | hybrid (sliding + full layers) | chunked (+ full) | alibi
     drop: tuple[str, ...] = ()  # COMMON fields the config does not take
 
 
@@ -97,6 +97,14 @@ ARCHS: tuple[Arch, ...] = (
         "hybrid",
     ),
     Arch("granite"),
+    Arch(
+        "llama4_text",
+        dict(
+            attention_chunk_size=8, head_dim=16, intermediate_size_mlp=128, num_local_experts=2,
+            num_experts_per_tok=1, no_rope_layers=[1, 0], interleave_moe_layer_step=1, moe_layers=[0, 1],
+        ),
+        "chunked",
+    ),
     Arch("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)),
 )
 ARCH_NAMES = tuple(arch.model_type for arch in ARCHS)
@@ -104,14 +112,15 @@ SLIDING_ARCHS = tuple(arch.model_type for arch in ARCHS if arch.cache_kinds == "
 HYBRID_ARCHS = tuple(arch.model_type for arch in ARCHS if arch.cache_kinds == "hybrid")
 _BY_NAME = {arch.model_type: arch for arch in ARCHS}
 _VERSION = tuple(int(part) for part in transformers.__version__.split(".")[:2])
-# Before transformers 4.55 these hybrid models build their masks from a HybridCache, which cannot be rolled
-# back: the package must refuse them there (with an upgrade hint), never return wrong tokens.
-REFUSED_BEFORE_4_55 = ("gemma2", "gemma3_text", "cohere2")
+# Before these transformers releases, these windowed models build masks that a cache which rolls back
+# cannot serve (a HybridCache before 4.55; chunked masks before 5.0): the package must refuse them there,
+# with an upgrade hint, and never return wrong tokens.
+REFUSED_BEFORE = {"gemma2": (4, 55), "gemma3_text": (4, 55), "cohere2": (4, 55), "llama4_text": (5, 0)}
 
 
 def refused_here(model_type: str) -> bool:
     """Whether the package must refuse `model_type` with the installed transformers."""
-    return _VERSION < (4, 55) and model_type in REFUSED_BEFORE_4_55
+    return _VERSION < REFUSED_BEFORE.get(model_type, (0, 0))
 
 
 class UnknownArchitecture(Exception):

@@ -103,6 +103,7 @@ ROLLBACK_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attentio
 # From this release on, hybrid models (Gemma 2/3, Cohere 2) take their window from the config and apply it
 # to absolute positions whatever cache they are given; before it they need a HybridCache.
 HYBRID_MASKS_FROM_CONFIG = (4, 55)  # 4.51 needs a HybridCache; 4.55 and 5.x are tested
+CHUNKED_MASKS_FROM_CONFIG = (5, 0)  # chunked attention (Llama 4): 4.55 gives wrong tokens on a full cache
 
 
 def text_config(model: PreTrainedModel):
@@ -137,12 +138,15 @@ def check_rollback_supported(model: PreTrainedModel, role: str) -> None:
             f"the {role} ({name}) has layers of type {unsupported} whose cache cannot be rolled back exactly; "
             f"supported layer types: {list(ROLLBACK_LAYER_TYPES)}"
         )
-    if _TRANSFORMERS_VERSION < HYBRID_MASKS_FROM_CONFIG and getattr(config, "cache_implementation", None) == "hybrid":
-        raise NotImplementedError(
-            f"the {role} ({name}) mixes sliding-window and full-attention layers; transformers "
-            f"{transformers.__version__} builds its masks from a HybridCache, which cannot be rolled back. "
-            f"Upgrade: pip install 'transformers>={HYBRID_MASKS_FROM_CONFIG[0]}.{HYBRID_MASKS_FROM_CONFIG[1]}'"
-        )
+    chunked = getattr(config, "attention_chunk_size", None) is not None
+    hybrid = getattr(config, "cache_implementation", None) == "hybrid"
+    for needed, applies in ((CHUNKED_MASKS_FROM_CONFIG, chunked), (HYBRID_MASKS_FROM_CONFIG, hybrid)):
+        if applies and _TRANSFORMERS_VERSION < needed:
+            raise NotImplementedError(
+                f"the {role} ({name}) mixes windowed (sliding or chunked) and full-attention layers, whose masks "
+                f"transformers {transformers.__version__} cannot build on a cache that rolls back. "
+                f"Upgrade: pip install 'transformers>={needed[0]}.{needed[1]}'"
+            )
     if getattr(config, "kv_sharing_modes", None) or getattr(config, "num_kv_shared_layers", 0):
         raise NotImplementedError(
             f"the {role} ({name}) shares KV caches across layers, which this package cannot roll back; "

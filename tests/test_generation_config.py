@@ -5,6 +5,7 @@ drafter, a self-draft, prompt lookup, and static shapes (bucket padding); each a
 setting it tests changes the tokens, so the comparison can fail.
 """
 
+import inspect
 from functools import cache
 
 import pytest
@@ -17,6 +18,7 @@ from assisted_backends import generate
 from assisted_backends.core import generation_options
 
 NEW = 16
+IGNORES_PADDING = "prompt_ignore_length" in inspect.signature(RepetitionPenaltyLogitsProcessor.__init__).parameters
 DRAFTERS = {
     "none": lambda t: {},
     "self": lambda t: dict(assistant_model=t, num_assistant_tokens=3),
@@ -60,7 +62,8 @@ def test_repetition_penalty_ignores_left_padding(arch):
         logits_processor=LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)]),
         pad_token_id=0,
     )
-    assert not torch.equal(expected, penalised), "penalising the padding must change the tokens here"
+    if IGNORES_PADDING:  # transformers 5.x; 4.x penalises the padding, and so does this package there
+        assert not torch.equal(expected, penalised), "penalising the padding must change the tokens here"
     for name, drafter in DRAFTERS.items():
         result = generate(model, padded, attention_mask=mask, max_new_tokens=NEW, repetition_penalty=1.5, **drafter(model))
         assert torch.equal(result.sequences, expected), (arch, name)
@@ -131,12 +134,17 @@ def _active_value(name: str):
         "num_beams": 2, "num_beam_groups": 2, "diversity_penalty": 0.5, "penalty_alpha": 0.6, "dola_layers": "low",
         "guidance_scale": 1.5, "num_return_sequences": 2, "max_time": 1.0, "token_healing": True,
         "constraints": [object()], "force_words_ids": [[1]], "use_mtp": True, "assistant_ensemble_weight": 0.5,
-        "speculation_type": "dflash",
+        "speculation_type": "dflash", "forced_decoder_ids": [[1, 5]], "generation_kwargs": {"num_beams": 2},
     }  # fmt: skip
     return values[name]
 
 
-REFUSED_ACTIVE = [name for name, active, _ in generation_options.REFUSED if name not in ("length_penalty", "watermarking_config")]
+FIELDS_HERE = set(GenerationConfig().to_dict())  # the installed transformers' fields
+REFUSED_ACTIVE = [
+    name
+    for name, _, _ in generation_options.REFUSED
+    if name in FIELDS_HERE and name not in ("length_penalty", "watermarking_config")
+]
 
 
 @pytest.mark.parametrize("name", REFUSED_ACTIVE)
@@ -194,7 +202,10 @@ def _seeded_plain(model, prompt, seed, **kwargs):
         dict(do_sample=True, temperature=0.7, top_p=0.9, min_p=0.05, no_repeat_ngram_size=1),
         dict(do_sample=True, typical_p=0.8, repetition_penalty=1.2),
         dict(do_sample=True, epsilon_cutoff=0.01, eta_cutoff=0.01),
-        dict(do_sample=True, top_h=0.5, renormalize_logits=True),
+        pytest.param(
+            dict(do_sample=True, top_h=0.5, renormalize_logits=True),
+            marks=pytest.mark.skipif("top_h" not in GenerationConfig().to_dict(), reason="no top_h in this transformers"),
+        ),
     ],
 )
 def test_sampling_draws_what_model_generate_draws(kwargs):

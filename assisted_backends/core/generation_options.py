@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
-from transformers.generation.logits_process import LogitsProcessor
+from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
 
 from assisted_backends.core import hf_compat
 from assisted_backends.core.sampling import SamplingConfig
@@ -51,6 +51,8 @@ REFUSED: tuple[tuple[str, object, str], ...] = (
     ("use_mtp", lambda v: bool(v), "multi-token prediction is not supported: pass a drafter instead"),
     ("assistant_ensemble_weight", lambda v: v is not None, "ensemble verification is lossy: leave it unset"),
     ("speculation_type", lambda v: v is not None, "transformers' own speculation types are not used here"),
+    ("forced_decoder_ids", lambda v: bool(v), "use forced_bos_token_id, or put the tokens in the prompt"),
+    ("generation_kwargs", lambda v: bool(v), "pass these as arguments to generate instead"),
 )
 
 # Fields that never change the tokens (cache, compile, output format, transformers' own drafting).
@@ -62,6 +64,7 @@ NO_TOKEN_EFFECT = frozenset(
         "assistant_confidence_threshold", "prompt_lookup_num_tokens", "max_matching_ngram_size",
         "assistant_early_exit", "assistant_lookbehind", "target_lookbehind", "compile_config", "disable_compile",
         "continuous_batching_config", "low_memory", "prefill_chunk_size", "transformers_version",
+        "return_legacy_cache",
     }
 )  # fmt: skip
 
@@ -265,7 +268,7 @@ def logits_processors(
         input_ids_seq_length=input_ids.shape[1],
         encoder_input_ids=input_ids,
         prefix_allowed_tokens_fn=None,
-        logits_processor=None,
+        logits_processor=LogitsProcessorList(),
         device=device,
         model_kwargs=kwargs,
     )

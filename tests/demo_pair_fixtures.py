@@ -7,10 +7,11 @@ the drop-in need to be tested against transformers' own `generate`.
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from assisted_backends.core.hf_compat import dtype_kwargs
 from assisted_backends.demo.pair import shipped_pair
@@ -26,8 +27,22 @@ def demo_pair():
         pytest.skip("the shipped demo weights are not in this installation")
     load = functools.partial(AutoModelForCausalLM.from_pretrained, **dtype_kwargs(torch.float32))
     target, draft = load(str(pair.target_dir)).eval(), load(str(pair.draft_dir)).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(pair.target_dir))
-    return target, draft, tokenizer
+    return target, draft, demo_tokenizer()
+
+
+def demo_tokenizer() -> PreTrainedTokenizerFast:
+    """The demo target's tokenizer, built from its files so that transformers 4.x loads it too (the
+    saved config names 5.x's tokenizer class)."""
+    pair = shipped_pair()
+    if pair is None:
+        pytest.skip("the shipped demo weights are not in this installation")
+    config = json.loads((pair.target_dir / "tokenizer_config.json").read_text())
+    specials = {name: config[name] for name in ("bos_token", "eos_token", "pad_token") if name in config}
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(pair.target_dir / "tokenizer.json"),
+        model_input_names=["input_ids", "attention_mask"],
+        **specials,
+    )
 
 
 def prompt_ids(tokenizer, text: str = PROMPT) -> torch.Tensor:

@@ -4,12 +4,11 @@ render the prompt with the tokenizer's chat template (what instruct models such 
 from __future__ import annotations
 
 import pytest
-from demo_pair_fixtures import demo_pair
+from demo_pair_fixtures import demo_pair, demo_tokenizer
 from transformers import AutoTokenizer, TextStreamer
 
 from assisted_backends.cli import main
 from assisted_backends.cli import prompting as prompting_module
-from assisted_backends.demo.pair import shipped_pair
 
 TEMPLATE = (
     "{% for message in messages %}<|endoftext|>{{ message['role'] }}\n{{ message['content'] }}\n{% endfor %}"
@@ -25,11 +24,11 @@ def _offline(monkeypatch):
 @pytest.fixture(scope="module")
 def chat_pair(tmp_path_factory):
     """The demo pair saved in fp32, its tokenizer given a chat template."""
-    target, draft, tokenizer = demo_pair()
+    target, draft, _ = demo_pair()
     root = tmp_path_factory.mktemp("chat")
-    tokenizer = AutoTokenizer.from_pretrained(str(shipped_pair().target_dir))
-    tokenizer.chat_template = TEMPLATE
-    for name, model in (("target", target), ("draft", draft)):
+    for name, model, template in (("target", target, TEMPLATE), ("draft", draft, TEMPLATE), ("plain", target, None)):
+        tokenizer = demo_tokenizer()
+        tokenizer.chat_template = template
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
     return root
@@ -83,10 +82,9 @@ def test_chat_applies_the_template_with_the_system_message(chat_pair, capsys, mo
     capsys.readouterr()
 
 
-def test_chat_without_a_template_is_a_one_line_error(capsys):
-    pair = shipped_pair()
-    if pair is None:
-        pytest.skip("no shipped demo weights")
-    code = main(["--prompt", "x", "--chat", "--max-new-tokens", "2", "--no-assisted"])
+def test_chat_without_a_template_is_a_one_line_error(chat_pair, capsys):
+    code = main(["-m", str(chat_pair / "plain"), "--prompt", "x", "--chat", "--max-new-tokens", "2", "--no-assisted"])
     err = capsys.readouterr().err
-    assert code == 2 and "has no chat template" in err
+    assert code == 2 and err.strip().splitlines()[-1].startswith(
+        "error: --chat/--system: this model's tokenizer has no"
+    )

@@ -359,3 +359,17 @@ def test_training_mode_is_restored_and_calls_stay_exact():
     model.eval()
     generate(model, prompt, max_new_tokens=3)
     assert not model.training
+
+
+def test_pad_tokens_inside_the_prompt_warn_and_are_attended():
+    model = target("opt")  # pad_token_id 1
+    prompt = torch.tensor([[5, 9, 1, 7, 1, 3]])
+    with pytest.warns(UserWarning, match="holds pad_token_id=1 after its first real token"):
+        result = generate(model, prompt, max_new_tokens=NEW)
+    assert torch.equal(result.sequences, reference(model, prompt, max_new_tokens=NEW, do_sample=False))
+
+
+def test_dtype_is_kept_without_a_dtype_argument():
+    model = tiny_model("llama", seed=0).to(torch.bfloat16)
+    generate(model, random_prompt(5, seed=5), max_new_tokens=3, assistant_model=model)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())

@@ -65,7 +65,9 @@ def test_repetition_penalty_ignores_left_padding(arch):
     if IGNORES_PADDING:  # transformers 5.x; 4.x penalises the padding, and so does this package there
         assert not torch.equal(expected, penalised), "penalising the padding must change the tokens here"
     for name, drafter in DRAFTERS.items():
-        result = generate(model, padded, attention_mask=mask, max_new_tokens=NEW, repetition_penalty=1.5, **drafter(model))
+        result = generate(
+            model, padded, attention_mask=mask, max_new_tokens=NEW, repetition_penalty=1.5, **drafter(model)
+        )
         assert torch.equal(result.sequences, expected), (arch, name)
 
 
@@ -204,7 +206,9 @@ def _seeded_plain(model, prompt, seed, **kwargs):
         dict(do_sample=True, epsilon_cutoff=0.01, eta_cutoff=0.01),
         pytest.param(
             dict(do_sample=True, top_h=0.5, renormalize_logits=True),
-            marks=pytest.mark.skipif("top_h" not in GenerationConfig().to_dict(), reason="no top_h in this transformers"),
+            marks=pytest.mark.skipif(
+                "top_h" not in GenerationConfig().to_dict(), reason="no top_h in this transformers"
+            ),
         ),
     ],
 )
@@ -272,8 +276,12 @@ def test_model_generation_config_supplies_defaults(fields):
             prompt, attention_mask=torch.ones_like(prompt), generation_config=GenerationConfig(max_new_tokens=NEW)
         )
     torch.manual_seed(0)
-    assert torch.equal(generate(model, prompt, generation_config=GenerationConfig(max_new_tokens=NEW)).sequences, expected)
-    overridden = generate(model, prompt, max_new_tokens=NEW, do_sample=False, repetition_penalty=1.0, no_repeat_ngram_size=0)
+    assert torch.equal(
+        generate(model, prompt, generation_config=GenerationConfig(max_new_tokens=NEW)).sequences, expected
+    )
+    overridden = generate(
+        model, prompt, max_new_tokens=NEW, do_sample=False, repetition_penalty=1.0, no_repeat_ngram_size=0
+    )
     assert overridden.sequences[0, 6:].tolist() == plain
 
 

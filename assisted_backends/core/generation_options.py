@@ -114,7 +114,9 @@ def _check_explicit(do_sample, temperature, top_k, top_p, repetition_penalty, ma
         raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
 
 
-def merged_config(model: PreTrainedModel, generation_config: GenerationConfig | None, explicit: dict) -> GenerationConfig:
+def merged_config(
+    model: PreTrainedModel, generation_config: GenerationConfig | None, explicit: dict
+) -> GenerationConfig:
     """The generation config `model.generate(generation_config=..., **explicit)` would use."""
     explicit = {key: value for key, value in explicit.items() if value is not None}
     prepare = getattr(model, "_prepare_generation_config", None)
@@ -330,9 +332,7 @@ def position_limits(model: PreTrainedModel) -> tuple[int | None, tuple[str, int]
     return positions, keys
 
 
-def check_length(
-    model: PreTrainedModel, role: str, real_prompt: int, max_new_tokens: int, cache_length: int
-) -> None:
+def check_length(model: PreTrainedModel, role: str, real_prompt: int, max_new_tokens: int, cache_length: int) -> None:
     """Refuse before generating when the positions or the cache (`cache_length` keys, padding included)
     exceed what the model's config allows."""
     positions, keys = position_limits(model)

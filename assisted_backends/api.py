@@ -140,12 +140,13 @@ def generate(
     backend = backend or resolve_backend(device, BackendOptions(dtype, draft_precision, bucket_size))
     policy = backend.padding(static_shapes)
     layout_name = "static" if static_shapes else (cache_layout or backend.cache_layout_for(model, assistant_model))
+    gamma_limit = drafting.max_draft_length(spec)  # prompt lookup: its token count (constant γ, adaptive max)
     draft_schedule = make_schedule(
         schedule,
         gamma,
         policy.fixed_draft_length,
-        DEFAULT_NUM_ASSISTANT_TOKENS,
-        MAX_ADAPTIVE_GAMMA,
+        gamma_limit or DEFAULT_NUM_ASSISTANT_TOKENS,
+        gamma_limit or MAX_ADAPTIVE_GAMMA,
         cost_prior=drafting.parameter_ratio(spec, model),
         seeded_sampling=sampling.do_sample and seed is not None,
     )

@@ -87,9 +87,18 @@ def validate(spec: DraftSpec, target: PreTrainedModel) -> None:
 
 
 def draft_length(spec: DraftSpec, num_assistant_tokens: int | None) -> int | None:
-    """γ for the schedule: `prompt_lookup_num_tokens` when lookup drafting, else `num_assistant_tokens`
-    (None: the schedule's own default)."""
-    return spec.prompt_lookup_num_tokens if spec.prompt_lookup_num_tokens is not None else num_assistant_tokens
+    """The γ the user fixed (None: the schedule chooses). With prompt lookup a given
+    `num_assistant_tokens` fixes γ at `prompt_lookup_num_tokens` (the lookup's token count, as
+    transformers uses it); otherwise the adaptive schedule drives the lookup up to that count."""
+    if spec.prompt_lookup_num_tokens is not None and num_assistant_tokens is not None:
+        return spec.prompt_lookup_num_tokens
+    return num_assistant_tokens
+
+
+def max_draft_length(spec: DraftSpec) -> int | None:
+    """The largest γ the drafter can use (None: the schedule's own default): `prompt_lookup_num_tokens`
+    for lookup drafting, also the constant schedule's γ there."""
+    return spec.prompt_lookup_num_tokens
 
 
 def needs_translation(spec: DraftSpec, target: PreTrainedModel) -> bool:
@@ -100,14 +109,32 @@ def needs_translation(spec: DraftSpec, target: PreTrainedModel) -> bool:
     return not (same_vocab and vocab_size(spec.assistant_model) == vocab_size(target))
 
 
+def logical_parameter_count(model: torch.nn.Module) -> int:
+    """Parameters as the unquantized model has them: nn.Parameters (shared ones once) plus
+    in_features × out_features (+ out_features with a bias) for linear layers whose weights are
+    packed buffers instead (w8af32's `quantize_dynamic` and int8pack layers, prepacked IPEX layers)."""
+    total = sum(p.numel() for p in model.parameters())
+    for module in model.modules():
+        rows, cols = getattr(module, "out_features", None), getattr(module, "in_features", None)
+        if not (isinstance(rows, int) and isinstance(cols, int)):
+            continue
+        if isinstance(getattr(module, "weight", None), torch.nn.Parameter):
+            continue  # counted above
+        bias = getattr(module, "bias", None)
+        has_bias = (callable(bias) and bias() is not None) or isinstance(bias, torch.Tensor)
+        total += rows * cols + (rows if has_bias and not isinstance(bias, torch.nn.Parameter) else 0)
+    return total
+
+
 def parameter_ratio(spec: DraftSpec, target: PreTrainedModel) -> float | None:
-    """Draft parameters / target parameters: the schedule's prior for the cost ratio c (None: no draft model)."""
+    """Draft parameters / target parameters, counted as unquantized (`logical_parameter_count`): the
+    schedule's prior for the cost ratio c (None: no draft model)."""
     if spec.assistant_early_exit is not None:
         depth = target.config.get_text_config().num_hidden_layers
         return spec.assistant_early_exit / depth
     if spec.assistant_model is None:
         return None
-    return sum(p.numel() for p in spec.assistant_model.parameters()) / sum(p.numel() for p in target.parameters())
+    return logical_parameter_count(spec.assistant_model) / logical_parameter_count(target)
 
 
 def build_drafter(

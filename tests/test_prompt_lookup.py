@@ -79,3 +79,22 @@ def test_sampling_with_prompt_lookup_matches_plain_sampling():
         exact_joint(target, LogitsProcessorList([TemperatureLogitsWarper(1.0)])),
         other=exact_joint(target, LogitsProcessorList([TemperatureLogitsWarper(1.5)])),
     )
+
+
+def test_adaptive_schedule_drives_prompt_lookup_up_to_its_token_count():
+    """Without num_assistant_tokens the adaptive schedule chooses γ ≤ prompt_lookup_num_tokens (it starts
+    with plain rounds to measure the target); num_assistant_tokens or schedule='constant' fix γ at the
+    lookup's count, as transformers uses it."""
+    target = tiny_model("llama", seed=0)
+    prompt = torch.arange(20)[None].repeat(1, 3)
+    expected = reference_greedy(target, prompt, 24)
+    adaptive = generate(target, prompt, prompt_lookup_num_tokens=5, max_new_tokens=24)
+    assert adaptive.stats.schedule == "AdaptiveSchedule"
+    assert torch.equal(adaptive.sequences, expected)
+    assert adaptive.stats.drafted < 5 * adaptive.stats.rounds  # the first rounds are plain
+    assert len(adaptive.stats.per_position_drafted) <= 5
+    for fixed in (dict(num_assistant_tokens=2), dict(schedule="constant")):
+        constant = generate(target, prompt, prompt_lookup_num_tokens=5, max_new_tokens=24, **fixed)
+        assert constant.stats.schedule == "ConstantSchedule"
+        assert torch.equal(constant.sequences, expected)
+        assert max(i + 1 for i, n in enumerate(constant.stats.per_position_drafted) if n) == 5

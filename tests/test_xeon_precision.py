@@ -179,3 +179,16 @@ def test_casting_back_up_after_an_in_place_downcast_is_refused():
     generate(target, random_prompt(3, 0), max_new_tokens=2, dtype="bf16")
     with pytest.raises(ValueError, match="cast in place from torch.float32 to torch.bfloat16.*Load it again"):
         generate(target, random_prompt(3, 0), max_new_tokens=2, dtype="fp32")
+
+
+@pytest.mark.parametrize("method", quantize.METHODS)
+def test_parameter_ratio_counts_a_quantized_draft_as_unquantized(method):
+    """w8af32 packs linear weights into buffers that `parameters()` does not list; the never-try rule
+    (draft ≥ 90% of the target) must still see a quantized self-draft as the target's size."""
+    from assisted_backends import drafting
+
+    target, _ = pair("llama")
+    draft = quantize.quantize_w8af32(target, method)
+    assert sum(p.numel() for p in draft.parameters()) < 0.9 * sum(p.numel() for p in target.parameters())
+    assert drafting.parameter_ratio(drafting.DraftSpec(assistant_model=draft), target) == pytest.approx(1.0)
+    assert drafting.logical_parameter_count(draft) == drafting.logical_parameter_count(target)

@@ -6,12 +6,13 @@ builds the runners and the drafter, and hands over to `core.loop.decode`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from assisted_backends import drafting, input_checks
+from assisted_backends import drafting, input_checks, model_files
 from assisted_backends.backends.base import Backend, BackendOptions
 from assisted_backends.backends.registry import resolve_backend
 from assisted_backends.core import generation_options, hf_compat, model_state, stopping
@@ -41,10 +42,10 @@ def _first_set(*values):
 
 
 def generate(
-    model: PreTrainedModel,
+    model: PreTrainedModel | str | os.PathLike,
     input_ids: torch.Tensor,
     *,
-    assistant_model: PreTrainedModel | None = None,
+    assistant_model: PreTrainedModel | str | os.PathLike | None = None,
     attention_mask: torch.Tensor | None = None,
     max_new_tokens: int | None = None,
     do_sample: bool | None = None,
@@ -95,7 +96,13 @@ def generate(
     would; `streamer` (anything with `put`/`end`, e.g. `TextStreamer`) receives the prompt, then each
     round's committed tokens (never a rejected draft token). Integer arguments must be ints, prompt ids
     inside the target's vocabulary (`input_checks`).
+    `model` / `assistant_model` may be a `str` or `Path`: a saved model directory, a `.gguf` file (or a
+    directory holding one; converted once and cached) or a Hub id, loaded with `from_pretrained`
+    (`model_files`); two strings with different vocabularies also load their tokenizers.
     """
+    model, assistant_model, tokenizer, assistant_tokenizer = model_files.load_arguments(
+        model, assistant_model, tokenizer, assistant_tokenizer
+    )
     max_new_tokens, seed, num_assistant_tokens = input_checks.check_call(
         model, input_ids, max_new_tokens, seed, num_assistant_tokens
     )

@@ -1,13 +1,19 @@
-"""Loading models and tokenizers for the CLI, with one-line errors instead of tracebacks."""
+"""Loading models and tokenizers for the CLI, with one-line errors instead of tracebacks.
+
+`-m` and `--assistant-model` take a saved model directory, a `.gguf` file or a directory holding one
+(converted once and cached, `model_files`), or a Hub id (local cache first).
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from assisted_backends import model_files
 from assisted_backends.core import hf_compat
 
 # The draft the seed scripts pair with each target family when none is given.
@@ -23,20 +29,14 @@ class CLIError(Exception):
     """A user-facing problem: printed as one line, exit status 2."""
 
 
-def _looks_like_path(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or name.count("/") > 1
-
-
+@functools.lru_cache(maxsize=8)
 def _resolve(name: str, what: str) -> str:
-    """A local directory as is; a Hub id from the local cache only when offline; a clear error otherwise."""
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise CLIError(f"{what} directory {path} has no config.json; point {what} at a saved model directory")
-        return str(path)
-    if path.exists() or _looks_like_path(name):
-        raise CLIError(f"{what} directory {path} does not exist; pass the directory that holds config.json")
-    return name
+    """A saved model directory as is; a `.gguf` file or a directory holding one as its cached converted
+    directory (`model_files`); a Hub id unchanged (local cache first); a one-line error otherwise."""
+    try:
+        return model_files.model_dir(name, what)
+    except (model_files.ModelFileError, model_files.MissingGGUFError) as error:
+        raise CLIError(str(error)) from None
 
 
 def _offline_hint(name: str, what: str) -> str:

@@ -1,0 +1,164 @@
+"""Model arguments that name files: a saved model directory, a `.gguf` file, or a directory holding one.
+
+A GGUF file is converted once with transformers' GGUF support (`from_pretrained(dir, gguf_file=...)`,
+which needs the `gguf` and `accelerate` packages and dequantizes every weight to a plain tensor) and
+saved as an ordinary model directory under the user's cache, keyed by the file's name and sha256:
+`$ASSISTED_BACKENDS_CACHE/gguf/<stem>-<sha16>/` (default `~/.cache/assisted_backends`). Later loads
+read that directory, which is several times faster than parsing the GGUF again and needs no `gguf`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+GGUF_INSTALL = "pip install gguf accelerate"  # or the package's extra: pip install "assisted_backends[gguf]"
+GGUF_SUFFIX = ".gguf"
+
+
+class ModelFileError(ValueError):
+    """A model argument that names no loadable model; the message is one line saying what to pass."""
+
+
+class MissingGGUFError(ImportError):
+    """A `.gguf` model argument on an installation without the `gguf` (or `accelerate`) package."""
+
+
+def cache_root() -> Path:
+    """`$ASSISTED_BACKENDS_CACHE`, else `$XDG_CACHE_HOME/assisted_backends`, else `~/.cache/assisted_backends`."""
+    if os.environ.get("ASSISTED_BACKENDS_CACHE"):
+        return Path(os.environ["ASSISTED_BACKENDS_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "assisted_backends"
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(GGUF_SUFFIX)
+
+
+def find_gguf(name: str | os.PathLike, what: str = "model") -> Path | None:
+    """The GGUF file `name` stands for: the file itself, or the only `.gguf` in a directory without
+    `config.json`. None for a saved model directory or a Hub id; a one-line error for anything else."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        if path.suffix != GGUF_SUFFIX:
+            raise ModelFileError(f"{what} {path} is not a .gguf file; pass a saved model directory or a .gguf file")
+        return path
+    if not path.is_dir():
+        if path.exists() or _looks_like_path(str(name)):
+            kind = "file" if path.suffix == GGUF_SUFFIX else "directory"
+            raise ModelFileError(f"{what} {kind} {path} does not exist; pass a saved model directory or a .gguf file")
+        return None
+    if (path / "config.json").is_file():
+        return None
+    found = sorted(path.glob(f"*{GGUF_SUFFIX}"))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ModelFileError(
+            f"{what} directory {path} has no config.json or .gguf file; pass a saved model directory or a .gguf file"
+        )
+    names = ", ".join(p.name for p in found)
+    raise ModelFileError(f"{what} directory {path} holds several .gguf files ({names}); pass the one file to load")
+
+
+def require_gguf(path: Path, what: str = "model") -> None:
+    """A one-line error naming the install command when transformers' GGUF loading cannot run here."""
+    missing = [module for module in ("gguf", "accelerate") if importlib.util.find_spec(module) is None]
+    if missing:
+        raise MissingGGUFError(
+            f"{what} {path} is a GGUF file, and loading it needs the {' and '.join(missing)} "
+            f"package{'s' if len(missing) > 1 else ''}: {GGUF_INSTALL}"
+        )
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def converted_dir(gguf: Path) -> Path:
+    """Where the converted model directory of `gguf` lives in the cache (it may not exist yet)."""
+    return cache_root() / "gguf" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+
+
+def convert_gguf(gguf: Path, output: Path, what: str = "model") -> Path:
+    """Load `gguf` (model and tokenizer) with transformers and save both as a plain model directory.
+
+    transformers refuses to save a GGUF-loaded model ("not serializable"), but the loaded tensors are
+    already dequantized, so dropping the quantizer and its config first saves an ordinary checkpoint.
+    The directory is written under a temporary name and renamed, so a crash never leaves half of one.
+    """
+    require_gguf(gguf, what)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=output.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(output)
+        except OSError:  # another process finished the same conversion first
+            if not (output / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output
+
+
+def model_dir(name: str | os.PathLike, what: str = "model") -> str:
+    """What `from_pretrained` should load for a model argument: a `.gguf` file (or a directory holding
+    one) becomes its cached converted directory, converted on first use; a saved model directory or a
+    Hub id comes back unchanged."""
+    gguf = find_gguf(name, what)
+    if gguf is None:
+        return str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else str(name)
+    output = converted_dir(gguf)
+    if not (output / "config.json").is_file():
+        convert_gguf(gguf, output, what)
+    return str(output)
+
+
+def load_model(name: str | os.PathLike, what: str = "model", **kwargs):
+    """`AutoModelForCausalLM.from_pretrained` on `model_dir(name)`, in eval mode; `kwargs` go to it."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir(name, what), **kwargs).eval()
+
+
+def load_tokenizer(name: str | os.PathLike, what: str = "model", **kwargs):
+    """`AutoTokenizer.from_pretrained` on `model_dir(name)`."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir(name, what), **kwargs)
+
+
+def load_arguments(model, assistant_model, tokenizer, assistant_tokenizer) -> tuple:
+    """`generate`'s model arguments with every `str`/`Path` loaded (a directory, a `.gguf` file or a
+    directory holding one, or a Hub id). When the two loaded models have different vocabularies and
+    no tokenizers were given, both strings' tokenizer is loaded too, so cross-tokenizer drafting works."""
+    model_name = model if isinstance(model, (str, os.PathLike)) else None
+    draft_name = assistant_model if isinstance(assistant_model, (str, os.PathLike)) else None
+    if model_name is not None:
+        model = load_model(model_name, "model")
+    if draft_name is not None:
+        assistant_model = load_model(draft_name, "assistant_model")
+    if model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None:
+        if model.get_input_embeddings().num_embeddings != assistant_model.get_input_embeddings().num_embeddings:
+            tokenizer = load_tokenizer(model_name, "model")
+            assistant_tokenizer = load_tokenizer(draft_name, "assistant_model")
+    return model, assistant_model, tokenizer, assistant_tokenizer

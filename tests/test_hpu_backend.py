@@ -15,7 +15,7 @@ from fakes import habana_fake
 from tiny_models import noisy_copy, random_prompt, reference_greedy, tiny_model
 
 from assisted_backends import generate
-from assisted_backends.backends import BackendOptions, DeviceUnavailableError, registry, resolve_backend
+from assisted_backends.backends import BackendOptions, DeviceUnavailableError, optimum_habana, registry, resolve_backend
 from assisted_backends.backends.cpu import CPUBackend
 from assisted_backends.backends.hpu import HPUBackend, execution_mode
 
@@ -192,3 +192,90 @@ def test_a_cpu_run_in_a_fresh_process_leaves_habana_unimported():
     )
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert completed.returncode == 0, completed.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- optimum-habana (FAKE optimum.habana)
+
+
+@pytest.fixture
+def optimum(fake, monkeypatch):
+    monkeypatch.setattr(optimum_habana, "_ADAPTED", [])  # adapt_transformers_to_gaudi runs once per process
+    monkeypatch.delenv(optimum_habana.ENV, raising=False)
+    recording = habana_fake.install_optimum()
+    yield recording
+    habana_fake.uninstall_optimum()
+
+
+def gaudi_pair(optimum):
+    """A pair as from_pretrained returns it after adapt_transformers_to_gaudi(): optimum-habana's classes."""
+    target, draft = fresh_pair()
+    for model in (target, draft):
+        model.__class__ = optimum.gaudi_class(type(model))
+    return target, draft
+
+
+def test_optimum_habana_adapts_once_and_passes_its_forward_options(optimum, lazy):
+    backend = CPUPlacedHPUBackend(BackendOptions(dtype="fp32", bucket_size=BUCKET))
+    CPUPlacedHPUBackend(BackendOptions(dtype="fp32", bucket_size=BUCKET))
+    assert optimum.adapted == 1 and "optimum.habana.transformers.modeling_utils" in optimum.imports
+    target, draft = gaudi_pair(optimum)
+    expected = reference_greedy(fresh_pair()[0], random_prompt(6, seed=6), 20)
+    result = run(backend, target, draft)
+    assert torch.equal(result.sequences, expected)
+    calls = result.stats.target_forwards + result.stats.draft_forwards
+    assert optimum.forward_options == [{"lazy_mode": True, "attn_softmax_bf16": False, "reuse_cache": False}] * calls
+    described = backend.describe()
+    assert described["modeling"] == "optimum-habana 1.21.2 (adapt_transformers_to_gaudi)"
+    assert (
+        described["target_class"]
+        == "GaudiLlamaForCausalLM (lazy_mode=True, attn_softmax_bf16=False, reuse_cache=False)"
+    )
+
+
+def test_optimum_habana_in_bf16_eager_mode(optimum, eager):
+    target, draft = gaudi_pair(optimum)
+    backend = CPUPlacedHPUBackend(BackendOptions(bucket_size=BUCKET, graphs=False))
+    run(backend, target, draft, max_new_tokens=4)
+    assert optimum.forward_options and all(
+        options == {"lazy_mode": False, "attn_softmax_bf16": True, "reuse_cache": False}
+        for options in optimum.forward_options
+    )
+
+
+def test_models_loaded_before_the_backend_keep_transformers_modeling_and_say_so(optimum, lazy):
+    target, draft = fresh_pair()
+    backend = CPUPlacedHPUBackend(BackendOptions(dtype="fp32", bucket_size=BUCKET))
+    result = run(backend, target, draft, max_new_tokens=6)
+    assert torch.equal(result.sequences, reference_greedy(fresh_pair()[0], random_prompt(6, seed=6), 6))
+    assert optimum.forward_options == []  # a transformers forward would reject the Gaudi options
+    assert "loaded before the hpu backend was created" in backend.describe()["target_class"]
+
+
+def test_unsupported_optimum_habana_versions_keep_todays_path_or_fail_when_required(optimum, monkeypatch):
+    optimum.version = "1.19.0"
+    backend = HPUBackend()
+    assert optimum.adapted == 0
+    assert backend.describe()["modeling"] == (
+        "transformers (optimum-habana 1.19.0 is installed; supported is optimum-habana 1.21.x "
+        "(>=1.21.0,<1.22; it pins transformers 4.55): using transformers modeling)"
+    )
+    monkeypatch.setenv(optimum_habana.ENV, "on")
+    with pytest.raises(NotImplementedError, match="supported is optimum-habana 1.21.x"):
+        HPUBackend()
+
+
+def test_without_optimum_habana_todays_path_stays(fake, monkeypatch):
+    monkeypatch.delenv(optimum_habana.ENV, raising=False)
+    assert HPUBackend().describe()["modeling"] == "transformers (optimum-habana not installed)"
+    monkeypatch.setenv(optimum_habana.ENV, "on")
+    with pytest.raises(ImportError, match="pip install 'optimum-habana>=1.21,<1.22'"):
+        HPUBackend()
+    monkeypatch.setenv(optimum_habana.ENV, "maybe")
+    with pytest.raises(ValueError, match="must be 'auto', 'on' or 'off'"):
+        HPUBackend()
+
+
+def test_optimum_habana_can_be_switched_off(optimum, monkeypatch):
+    monkeypatch.setenv(optimum_habana.ENV, "off")
+    assert HPUBackend().describe()["modeling"] == f"transformers ({optimum_habana.ENV}=off)"
+    assert optimum.adapted == 0 and optimum.imports == []

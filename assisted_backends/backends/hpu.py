@@ -15,7 +15,11 @@ before the process starts):
 - eager (`0`): with graphs on, both models are compiled in place with
   `torch.compile(backend="hpu_backend")`; with graphs off they run op by op.
 
-habana_frameworks is imported inside methods only, never when another device is chosen.
+Modeling: where optimum-habana 1.21.x is installed, models are prepared the way optimum-habana users
+run them (`adapt_transformers_to_gaudi()` when the backend is created, bf16, its Gaudi forward
+options); `describe()["modeling"]` says which path was taken and why (`backends/optimum_habana.py`).
+
+habana_frameworks (and optimum-habana) are imported inside methods only, never when another device is chosen.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Literal
 
 import torch
 
+from assisted_backends.backends import optimum_habana
 from assisted_backends.backends.base import Backend, BackendOptions, ModelRole, PaddingPolicy, named_dtype
 
 ExecutionMode = Literal["lazy", "eager"]
@@ -94,6 +99,9 @@ class HPUBackend(Backend):
         self.draft_dtype = resolve_dtype(self.options.draft_precision or self.options.dtype, "draft_precision")
         self._mode: ExecutionMode | None = None
         self._prepared: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self.modeling = optimum_habana.detect()
+        optimum_habana.adapt_once(self.modeling)  # before the models load: they become optimum-habana's classes
+        self._model_classes: dict[str, str] = {}
 
     # ---------------------------------------------------------------- detection
 
@@ -150,6 +158,7 @@ class HPUBackend(Backend):
         _vendor("core")  # loads the HPU bridge (and registers the "hpu_backend" compiler)
         dtype = self.dtype if role == "target" else self.draft_dtype
         model = model.to(device=self.device, dtype=dtype).eval()
+        options = self._gaudi_options(model, role, dtype)
         wrapping = "none"
         if self.graphs_enabled and self.mode == "lazy":
             graphed = _vendor("hpu").wrap_in_hpu_graph(model)
@@ -158,8 +167,24 @@ class HPUBackend(Backend):
         elif self.graphs_enabled:
             model.compile(backend="hpu_backend")  # in place: the model keeps its class and signature
             wrapping = "torch.compile"
+        if options:
+            model.forward = optimum_habana.with_options(model.forward, options)
         self._prepared[model] = wrapping
         return model
+
+    def _gaudi_options(self, model: torch.nn.Module, role: ModelRole, dtype: torch.dtype) -> dict[str, bool]:
+        """optimum-habana's forward options for its Gaudi classes; records which modeling each role got."""
+        if not self.modeling.optimum:
+            self._model_classes[role] = type(model).__name__
+            return {}
+        if not optimum_habana.is_gaudi_model(model):
+            self._model_classes[role] = (
+                f"{type(model).__name__} (transformers: loaded before the hpu backend was created)"
+            )
+            return {}
+        options = optimum_habana.forward_options(model, self.mode == "lazy", dtype)
+        self._model_classes[role] = f"{type(model).__name__} ({', '.join(f'{k}={v}' for k, v in options.items())})"
+        return options
 
     def step_boundary(self) -> None:
         """Lazy mode: flush the queued ops of this forward as one graph."""
@@ -192,4 +217,6 @@ class HPUBackend(Backend):
             "dtype": str(self.dtype).removeprefix("torch."),
             "draft_dtype": str(self.draft_dtype).removeprefix("torch."),
             "static_shapes": f"always (bucket {self.padding(True).bucket})",
+            "modeling": self.modeling.describe(),
+            **{f"{role}_class": name for role, name in self._model_classes.items()},
         }

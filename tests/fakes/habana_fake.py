@@ -190,3 +190,90 @@ def uninstall() -> None:
     sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _Finder)]
     for name in [name for name in sys.modules if name == PACKAGE or name.startswith(PACKAGE + ".")]:
         del sys.modules[name]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FAKE `optimum.habana` (optimum-habana): the calls the HPU backend relies on, recorded.
+# - `optimum.habana.__version__`
+# - `optimum.habana.transformers.modeling_utils.adapt_transformers_to_gaudi()`: recorded, patches nothing.
+# - `gaudi_class(cls)`: what adapt_transformers_to_gaudi makes `from_pretrained` return, a subclass living in
+#   `optimum.habana...` whose forward takes the Gaudi options (token_idx, lazy_mode, attn_softmax_bf16,
+#   reuse_cache, use_flash_attention) and records them; it then runs the transformers forward unchanged.
+
+OPTIMUM = "optimum"
+_OPTIMUM_MODULES = (
+    OPTIMUM,
+    f"{OPTIMUM}.habana",
+    f"{OPTIMUM}.habana.transformers",
+    f"{OPTIMUM}.habana.transformers.modeling_utils",
+)
+GAUDI_OPTIONS = ("token_idx", "lazy_mode", "attn_softmax_bf16", "reuse_cache", "use_flash_attention")
+
+
+@dataclass
+class FakeOptimumHabana:
+    """The recording: adapt calls, imports, and the Gaudi options every forward of a `gaudi_class` model got."""
+
+    version: str = "1.21.2"
+    adapted: int = 0
+    imports: list[str] = field(default_factory=list)
+    forward_options: list[dict] = field(default_factory=list)
+
+    def adapt_transformers_to_gaudi(self) -> None:
+        self.adapted += 1
+
+    def gaudi_class(self, cls: type) -> type:
+        fake = self
+
+        def forward(module, *args, **kwargs):
+            fake.forward_options.append({name: kwargs.pop(name) for name in GAUDI_OPTIONS if name in kwargs})
+            return cls.forward(module, *args, **kwargs)
+
+        forward.__signature__ = _with_gaudi_parameters(cls.forward)
+        namespace = {"forward": forward, "__module__": f"{OPTIMUM}.habana.transformers.models.fake_modeling"}
+        return type(f"Gaudi{cls.__name__}", (cls,), namespace)
+
+
+def _with_gaudi_parameters(function):
+    import inspect
+
+    signature = inspect.signature(function)
+    parameters = [p for p in signature.parameters.values() if p.kind != p.VAR_KEYWORD]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in GAUDI_OPTIONS]
+    variadic = [p for p in signature.parameters.values() if p.kind == p.VAR_KEYWORD]
+    return signature.replace(parameters=parameters + extra + variadic)
+
+
+class _OptimumFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, fake: FakeOptimumHabana) -> None:
+        self.fake = fake
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _OPTIMUM_MODULES:
+            return None
+        is_package = fullname != _OPTIMUM_MODULES[-1]
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
+
+    def create_module(self, spec):
+        return types.ModuleType(spec.name, "FAKE optimum-habana module (tests/fakes/habana_fake.py)")
+
+    def exec_module(self, module) -> None:
+        self.fake.imports.append(module.__name__)
+        if module.__name__ == f"{OPTIMUM}.habana":
+            module.__version__ = self.fake.version
+        elif module.__name__ == _OPTIMUM_MODULES[-1]:
+            module.adapt_transformers_to_gaudi = self.fake.adapt_transformers_to_gaudi
+
+
+def install_optimum(**settings) -> FakeOptimumHabana:
+    """Serve the fake `optimum.habana` to imports from now on; returns the recording."""
+    uninstall_optimum()
+    fake = FakeOptimumHabana(**settings)
+    sys.meta_path.insert(0, _OptimumFinder(fake))
+    return fake
+
+
+def uninstall_optimum() -> None:
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _OptimumFinder)]
+    for name in [name for name in sys.modules if name == OPTIMUM or name.startswith(OPTIMUM + ".")]:
+        del sys.modules[name]

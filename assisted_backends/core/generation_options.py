@@ -10,6 +10,7 @@ cannot honour are refused by name (`REFUSED`), never ignored.
 from __future__ import annotations
 
 import copy
+import inspect
 import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -242,7 +243,8 @@ def _special_tokens(
     config's special-token tensors on `device` as transformers' processors expect."""
     prepare = getattr(model, "_prepare_special_tokens", None)
     if callable(prepare):
-        prepare(config, kwargs_has_attention_mask=has_mask, device=device)
+        batch = {"batch_size": 1} if "batch_size" in inspect.signature(prepare).parameters else {}  # 5.x: no warning
+        prepare(config, kwargs_has_attention_mask=has_mask, device=device, **batch)
         eos, pad = config._eos_token_tensor, config._pad_token_tensor
         eos_ids = [int(v) for v in eos.flatten().tolist()] if eos is not None else None
         return eos_ids, (int(pad) if pad is not None else None)

@@ -167,7 +167,7 @@ def generate(
     # Keys a model attends over: the preallocated static cache, else at most the committed sequence.
     cache_length = bucketed(capacity, policy.bucket) if layout_name == "static" else capacity - lookahead
     generation_options.check_length(model, "target", real_prompt, max_new_tokens, cache_length)
-    if assistant_model is not None and tokenizer is None:  # same-vocabulary draft: it sees every position
+    if assistant_model is not None and spec.tokenizer is None:  # same-vocabulary draft: it sees every position
         generation_options.check_length(assistant_model, "assistant_model", real_prompt, max_new_tokens, cache_length)
 
     with model_state.restored(model, assistant_model):  # training mode back as it was after the call

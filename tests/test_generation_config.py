@@ -381,3 +381,53 @@ def test_dtype_is_kept_without_a_dtype_argument():
     model = tiny_model("llama", seed=0).to(torch.bfloat16)
     generate(model, random_prompt(5, seed=5), max_new_tokens=3, assistant_model=model)
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+
+
+def test_verify_distributions_see_the_draft_extended_prefix_without_padding(monkeypatch):
+    """Every p (and q) the loop computes equals transformers' processors applied, position by position,
+    to the prompt without bucket padding plus the committed and earlier draft tokens."""
+    from transformers.generation.logits_process import (
+        NoRepeatNGramLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+    )
+
+    from assisted_backends.core import sampling
+
+    model = sampling_target()
+    draft = tiny_model("llama", seed=1, init=0.1)
+    prompt = torch.cat([torch.tensor([[7, 7]]), random_prompt(6, seed=6)], dim=1)
+    mask = torch.ones_like(prompt)
+    mask[:, :2] = 0
+    penalty = (
+        RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=torch.tensor([2]))
+        if IGNORES_PADDING
+        else RepetitionPenaltyLogitsProcessor(1.3)
+    )
+    expected_processors = [penalty, NoRepeatNGramLogitsProcessor(2), TemperatureLogitsWarper(0.8), TopKLogitsWarper(20)]
+    calls = []
+    bucket_pad = (-prompt.shape[1]) % 16  # static shapes pad the 8-token prompt to 16
+    original = sampling.TokenSelector.probabilities
+
+    def spy(self, logits, context):
+        result = original(self, logits, context)
+        calls.append((logits.clone(), context[:, bucket_pad:].clone(), result))
+        return result
+
+    monkeypatch.setattr(sampling.TokenSelector, "probabilities", spy)
+    generate(
+        model, prompt, attention_mask=mask, assistant_model=draft, max_new_tokens=20, do_sample=True,
+        repetition_penalty=1.3, no_repeat_ngram_size=2, temperature=0.8, top_k=20, num_assistant_tokens=3,
+        static_shapes=True, bucket_size=16, seed=0,
+    )  # fmt: skip
+    verified = 0
+    for logits, context, result in calls:
+        length = context.shape[1]
+        for j in range(logits.shape[1]):
+            prefix = context[:, : length - (logits.shape[1] - 1 - j)]
+            row = logits[:, j].clone()
+            for processor in expected_processors:
+                row = processor(prefix, row)
+            torch.testing.assert_close(result[:, j], torch.softmax(row, dim=-1))
+        verified += logits.shape[1] > 1
+    assert verified >= 3  # verification passes over γ + 1 positions were checked, not only single steps

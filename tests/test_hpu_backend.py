@@ -200,7 +200,7 @@ def test_a_cpu_run_in_a_fresh_process_leaves_habana_unimported():
 @pytest.fixture
 def optimum(fake, monkeypatch):
     monkeypatch.setattr(optimum_habana, "_ADAPTED", [])  # adapt_transformers_to_gaudi runs once per process
-    monkeypatch.delenv(optimum_habana.ENV, raising=False)
+    monkeypatch.setenv(optimum_habana.ENV, "on")
     recording = habana_fake.install_optimum()
     yield recording
     habana_fake.uninstall_optimum()
@@ -224,6 +224,7 @@ def test_optimum_habana_adapts_once_and_passes_its_forward_options(optimum, lazy
     assert torch.equal(result.sequences, expected)
     calls = result.stats.target_forwards + result.stats.draft_forwards
     assert optimum.forward_options == [{"lazy_mode": True, "attn_softmax_bf16": False, "reuse_cache": False}] * calls
+    assert optimum.tuple_caches == calls  # optimum-habana 1.21's Gaudi models take tuple caches only
     described = backend.describe()
     assert described["modeling"] == "optimum-habana 1.21.2 (adapt_transformers_to_gaudi)"
     assert (
@@ -251,7 +252,17 @@ def test_models_loaded_before_the_backend_keep_transformers_modeling_and_say_so(
     assert "loaded before the hpu backend was created" in backend.describe()["target_class"]
 
 
+def test_by_default_a_supported_optimum_habana_is_reported_not_used(optimum, monkeypatch):
+    monkeypatch.delenv(optimum_habana.ENV)
+    backend = HPUBackend()
+    assert optimum.adapted == 0
+    assert backend.describe()["modeling"] == (
+        f"transformers (optimum-habana 1.21.2 is installed; {optimum_habana.ENV}=on uses its modeling)"
+    )
+
+
 def test_unsupported_optimum_habana_versions_keep_todays_path_or_fail_when_required(optimum, monkeypatch):
+    monkeypatch.delenv(optimum_habana.ENV)
     optimum.version = "1.19.0"
     backend = HPUBackend()
     assert optimum.adapted == 0

@@ -15,9 +15,10 @@ before the process starts):
 - eager (`0`): with graphs on, both models are compiled in place with
   `torch.compile(backend="hpu_backend")`; with graphs off they run op by op.
 
-Modeling: where optimum-habana 1.21.x is installed, models are prepared the way optimum-habana users
-run them (`adapt_transformers_to_gaudi()` when the backend is created, bf16, its Gaudi forward
-options); `describe()["modeling"]` says which path was taken and why (`backends/optimum_habana.py`).
+Modeling: with optimum-habana 1.21.x installed and ASSISTED_BACKENDS_OPTIMUM_HABANA=on, models are
+prepared the way optimum-habana users run them (`adapt_transformers_to_gaudi()` when the backend is
+created, bf16, its Gaudi forward options, tuple KV caches); `describe()["modeling"]` says which path
+was taken and why (`backends/optimum_habana.py`).
 
 habana_frameworks (and optimum-habana) are imported inside methods only, never when another device is chosen.
 """
@@ -182,6 +183,7 @@ class HPUBackend(Backend):
                 f"{type(model).__name__} (transformers: loaded before the hpu backend was created)"
             )
             return {}
+        optimum_habana.use_tuple_cache(model)
         options = optimum_habana.forward_options(model, self.mode == "lazy", dtype)
         self._model_classes[role] = f"{type(model).__name__} ({', '.join(f'{k}={v}' for k, v in options.items())})"
         return options

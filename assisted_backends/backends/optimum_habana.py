@@ -1,20 +1,22 @@
 """Gaudi through optimum-habana: the modeling Gaudi users already run, where it is installed.
 
-Supported: optimum-habana 1.21.x (>= 1.21.0, < 1.22; 1.21 pins transformers >= 4.55, < 4.56). With it
-installed and `ASSISTED_BACKENDS_OPTIMUM_HABANA` unset or `auto`, the HPU backend:
+Supported: optimum-habana 1.21.x (>= 1.21.0, < 1.22; 1.21 pins transformers >= 4.55, < 4.56). With
+`ASSISTED_BACKENDS_OPTIMUM_HABANA=on` the HPU backend:
 - calls `optimum.habana.transformers.modeling_utils.adapt_transformers_to_gaudi()` once per process,
   when the backend is created: models loaded after that (the CLI resolves the backend first) are
   optimum-habana's Gaudi classes (fused RoPE/RMSNorm/SDPA, HPU-friendly masks);
 - loads them in bf16, as optimum-habana's text-generation example does with `--bf16`;
 - passes the Gaudi forward options that example passes (only those the model's forward takes):
-  `lazy_mode` (from PT_HPU_LAZY_MODE), `attn_softmax_bf16=True` in bf16, and `reuse_cache=False`.
-  optimum-habana's own static KV cache (`reuse_cache=True`, written at `token_idx`) is not used: the
-  package's static layout owns the preallocated cache, so that a rejected draft rolls back by moving
-  a position; prompt buckets and static shapes are the package's (what `static_shapes=True,
-  bucket_size=N` do in optimum-habana's generate).
-`ASSISTED_BACKENDS_OPTIMUM_HABANA=off` keeps plain transformers modeling; `on` makes a missing or
-unsupported optimum-habana an error. Outside the supported range `auto` keeps transformers modeling and
-`describe()` says why. Nothing here imports optimum-habana unless the HPU backend is in use.
+  `lazy_mode` (from PT_HPU_LAZY_MODE), `attn_softmax_bf16=True` in bf16, and `reuse_cache=False`;
+- hands them their KV cache as tuples (`_supports_cache_class = False`: the runner's LegacyCache):
+  optimum-habana 1.21's Gaudi models read and return tuple caches ("HPU uses legacy cache path") and
+  take no transformers StaticCache. optimum-habana's own preallocated cache (`reuse_cache=True`,
+  written at `token_idx`) is not used, so a rejected draft rolls back by slicing.
+The price: the cache grows each step, so HPU graphs see one shape per length. That is why the path
+is opt-in: unset (`auto`), a supported optimum-habana is detected and reported by `describe()` but
+transformers' modeling and the package's static cache stay; `off` does not look; `on` makes a missing
+or unsupported optimum-habana an error. Nothing here imports optimum-habana unless the HPU backend is
+in use.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def detect(environ: dict[str, str] | None = None) -> Modeling:
         if setting == "on":
             raise NotImplementedError(f"{message}; install that range or set {ENV}=off")
         return Modeling(False, version, f"{message}: using transformers modeling")
+    if setting == "auto":
+        return Modeling(False, version, f"optimum-habana {version} is installed; {ENV}=on uses its modeling")
     return Modeling(True, version, "adapt_transformers_to_gaudi")
 
 
@@ -103,6 +107,11 @@ def adapt_once(modeling: Modeling) -> None:
 def is_gaudi_model(model: torch.nn.Module) -> bool:
     """Whether `model` is one of optimum-habana's classes (loaded after adapt_transformers_to_gaudi)."""
     return type(model).__module__.startswith("optimum.habana.")
+
+
+def use_tuple_cache(model: torch.nn.Module) -> None:
+    """Make the runner hand `model` tuple caches (hf_compat.LegacyCache), as optimum-habana's classes need."""
+    model._supports_cache_class = False
 
 
 def forward_options(model: torch.nn.Module, lazy: bool, dtype: torch.dtype) -> dict[str, bool]:

@@ -218,6 +218,7 @@ class FakeOptimumHabana:
     adapted: int = 0
     imports: list[str] = field(default_factory=list)
     forward_options: list[dict] = field(default_factory=list)
+    tuple_caches: int = 0  # forwards that took and returned tuple caches, as optimum-habana 1.21's Gaudi models do
 
     def adapt_transformers_to_gaudi(self) -> None:
         self.adapted += 1
@@ -227,11 +228,35 @@ class FakeOptimumHabana:
 
         def forward(module, *args, **kwargs):
             fake.forward_options.append({name: kwargs.pop(name) for name in GAUDI_OPTIONS if name in kwargs})
-            return cls.forward(module, *args, **kwargs)
+            past = kwargs.get("past_key_values")
+            if past is not None and not isinstance(past, (tuple, list)):
+                raise TypeError("FAKE optimum-habana model: past_key_values must be tuples (HPU legacy cache path)")
+            kwargs["past_key_values"] = _cache_from_tuples(past)
+            output = cls.forward(module, *args, **kwargs)
+            output.past_key_values = _tuples_from_cache(output.past_key_values)
+            fake.tuple_caches += 1
+            return output
 
         forward.__signature__ = _with_gaudi_parameters(cls.forward)
         namespace = {"forward": forward, "__module__": f"{OPTIMUM}.habana.transformers.models.fake_modeling"}
         return type(f"Gaudi{cls.__name__}", (cls,), namespace)
+
+
+def _cache_from_tuples(past):
+    """The transformers cache the wrapped (transformers) forward needs, from optimum-habana's tuples."""
+    from transformers import DynamicCache
+
+    if past is None:
+        return DynamicCache()
+    if hasattr(DynamicCache, "from_legacy_cache"):  # transformers 4.x
+        return DynamicCache.from_legacy_cache(tuple(past))
+    return DynamicCache(ddp_cache_data=[(keys, values) for keys, values in past])
+
+
+def _tuples_from_cache(cache) -> tuple:
+    if hasattr(cache, "to_legacy_cache"):
+        return cache.to_legacy_cache()
+    return tuple((layer.keys, layer.values) for layer in cache.layers)
 
 
 def _with_gaudi_parameters(function):

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from assisted_backends import model_files
+from assisted_backends.cli.errors import CLIError
 from assisted_backends.core import hf_compat
 
 # The draft the seed scripts pair with each target family when none is given.
@@ -23,10 +24,6 @@ DEFAULT_ASSISTANTS = {
     "gpt_bigcode": "bigcode/tiny_starcoder_py",
 }
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class CLIError(Exception):
-    """A user-facing problem: printed as one line, exit status 2."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -42,7 +39,7 @@ def _resolve(name: str, what: str) -> str:
 def _offline_hint(name: str, what: str) -> str:
     return (
         f"{what} {name!r} is not on disk and could not be downloaded (this machine may be offline): "
-        f"download it where the Hub is reachable (`huggingface-cli download {name}`) and pass its directory to {what}"
+        f"download it where the Hub is reachable (`hf download {name}`) and pass its directory to {what}"
     )
 
 

@@ -19,7 +19,17 @@ from functools import cache
 
 import pytest
 import torch
-from architectures import ARCH_NAMES, VOCAB, WINDOW, UnknownArchitecture, build, noisy_copy, refused_here
+from architectures import (
+    ARCH_NAMES,
+    BREADTH_TYPES,
+    REFUSED_TYPES,
+    VOCAB,
+    WINDOW,
+    UnknownArchitecture,
+    build,
+    noisy_copy,
+    refused_here,
+)
 
 from assisted_backends import generate
 
@@ -161,6 +171,28 @@ def test_randomized_sweep(index):
         **settings,
     )
     assert torch.equal(result.sequences, expected), case
+
+
+@pytest.mark.parametrize("model_type", BREADTH_TYPES)
+def test_greedy_identity_on_the_other_architectures(model_type):
+    """Every other decoder-only architecture that builds tiny: a perturbed draft on the dynamic layout, prompt
+    lookup on the static one."""
+    model = target(model_type)
+    prompt = repetitive_prompt(PROMPT_LENGTH, seed=7)
+    expected = reference(model, prompt, torch.ones_like(prompt), NEW_TOKENS)
+    draft = noisy_copy(model, seed=3, scale=0.05)
+    for layout, drafting in (("dynamic", dict(assistant_model=draft)), ("static", dict(prompt_lookup_num_tokens=3))):
+        result = generate(
+            model, prompt, max_new_tokens=NEW_TOKENS, num_assistant_tokens=3, cache_layout=layout, **drafting
+        )
+        assert torch.equal(result.sequences, expected), (model_type, layout, list(drafting))
+
+
+@pytest.mark.parametrize("model_type", REFUSED_TYPES)
+def test_models_that_cannot_roll_back_are_refused(model_type):
+    model = target(model_type)
+    with pytest.raises(NotImplementedError, match="assisted decoding needs|cannot be rolled back|cannot roll back"):
+        generate(model, repetitive_prompt(PROMPT_LENGTH, seed=7), prompt_lookup_num_tokens=3, max_new_tokens=4)
 
 
 def test_a_recurrent_model_is_refused_before_generating():

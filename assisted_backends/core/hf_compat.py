@@ -131,6 +131,11 @@ def check_rollback_supported(model: PreTrainedModel, role: str) -> None:
             f"the {role} ({name}) keeps recurrent state that cannot be rolled back past a rejected draft token; "
             "assisted decoding needs an attention-only model"
         )
+    if not forward_accepts(model, "past_key_values"):
+        raise NotImplementedError(
+            f"the {role} ({name}) keeps no KV cache (its forward takes no past_key_values); "
+            "assisted decoding needs a model that caches keys and values"
+        )
     config = text_config(model)
     unsupported = sorted(set(getattr(config, "layer_types", None) or ()) - set(ROLLBACK_LAYER_TYPES))
     if unsupported:

@@ -1,13 +1,33 @@
 """Assisted generation (speculative decoding) on Gaudi, Xeon and NVIDIA GPUs.
 
-Importing the package imports torch and transformers only; vendor libraries (habana_frameworks,
-intel_extension_for_pytorch, deepspeed) load lazily inside the backend that needs them.
+The public names load on first use (PEP 562), so `import assisted_backends.cli` parses flags and
+answers `--help` without importing torch; using `generate` imports torch and transformers. Vendor
+libraries (habana_frameworks, intel_extension_for_pytorch, deepspeed) load lazily inside the backend
+that needs them.
 """
 
-from assisted_backends.api import GenerateResult, generate
-from assisted_backends.core.stats import GenerationStats
-from assisted_backends.transformers_integration import disable, enable
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["GenerateResult", "GenerationStats", "disable", "enable", "generate", "__version__"]
+_LAZY = {
+    "GenerateResult": "assisted_backends.api",
+    "generate": "assisted_backends.api",
+    "GenerationStats": "assisted_backends.core.stats",
+    "disable": "assisted_backends.transformers_integration",
+    "enable": "assisted_backends.transformers_integration",
+    "set_threads": "assisted_backends.xeon.affinity",
+}
+
+__all__ = ["GenerateResult", "GenerationStats", "disable", "enable", "generate", "set_threads", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'assisted_backends' has no attribute {name!r}")

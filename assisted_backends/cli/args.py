@@ -1,6 +1,7 @@
 """Command-line flags of `run-assisted-generation`, mapped one to one onto `generate(...)` arguments.
 
 Both spellings the seed scripts use are accepted (`--assistant-model` and `--assistant_model`).
+Nothing here imports torch: `--help` and every flag error answer before the heavy imports.
 """
 
 from __future__ import annotations
@@ -18,9 +19,22 @@ def _both(name: str) -> list[str]:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {value}")
     return value
 
 
@@ -73,7 +87,8 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         choices=("shipped", "train", "smoke"),
         default="shipped",
         help="the demo pair: the weights shipped in the package (default), 'train' to retrain them here "
-        "(about 15 minutes on 2 cores, then cached), or 'smoke' (trains in seconds, writes noise; for CI)",
+        "(about 25 minutes on 2 idle cores, then cached), or 'smoke' (a noise pair trained in seconds on a "
+        "small text sample; for tests and CI)",
     )
     models.add_argument(
         *_both("demo_dir"),
@@ -87,8 +102,17 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
     device.add_argument(
         "--dtype",
         choices=DTYPES,
-        default="auto",
-        help="target precision; auto = bf16 where the device runs it fast, else fp32",
+        default="fp32",
+        help="target precision (default fp32: greedy output is exact and the same on every run); auto = bf16 "
+        "where the device runs it fast: faster, but near-ties may resolve differently from run to run",
+    )
+    device.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="CPU threads for torch (default: $OMP_NUM_THREADS if set, else the cores this process may use: its "
+        "CPU affinity, capped by a cgroup CPU quota, divided by the ranks a launcher started on this host)",
     )
     device.add_argument(*_both("draft_precision"), dest="draft_precision", choices=DRAFT_PRECISIONS, default=None)
     device.add_argument(
@@ -154,7 +178,21 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         default=None,
         help="benchmark: new-token counts per case",
     )
-    task.add_argument("--repeats", type=_positive_int, default=3, help="benchmark: timed runs per case (median)")
+    task.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=3,
+        help="benchmark: timed runs per case (median); with --compare the least number of plain/assisted pairs",
+    )
+    task.add_argument(
+        *_both("time_limit"),
+        dest="time_limit",
+        type=_non_negative_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="benchmark --compare: keep adding pairs to a case until its speedup interval settles (excludes 1, or "
+        "lies within 0.95-1.05) or this many seconds have passed on the case (default 60; 0: exactly --repeats)",
+    )
     task.add_argument("--json", default=None, metavar="PATH")
     task.add_argument("--csv", default=None, metavar="PATH")
     task.add_argument("--plot", default=None, metavar="PNG")
@@ -197,3 +235,9 @@ def validate(args: argparse.Namespace) -> None:
     ]
     if sampling_only and not args.do_sample:
         raise ValueError(f"{', '.join(sampling_only)} only apply when sampling; add --do_sample")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.top_k is not None and args.top_k < 0:
+        raise ValueError(f"--top-k must be >= 0 (0 keeps every token), got {args.top_k}")
+    if args.repetition_penalty is not None and args.repetition_penalty <= 0:
+        raise ValueError(f"--repetition-penalty must be > 0 (1.0 = none), got {args.repetition_penalty}")

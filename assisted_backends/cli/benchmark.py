@@ -3,22 +3,30 @@
 Columns (defined in the README): Total Time = prefill + decode; Prefill Phase = the prompt's forward
 pass(es) and the first token; Time/Token = everything after the prefill (drafting included) divided
 by the tokens generated after the first; Tokens/Sec = new tokens / Total Time. With `--compare`
-plain and assisted runs alternate (A B, then B A) on every case and the medians are compared.
-EOS is ignored so every case generates exactly the tokens it names.
+plain and assisted runs alternate (A B, then B A) on every case; each pair gives one speedup, and the
+row shows their median with a distribution-free interval (`speedup_interval`). A case keeps adding
+pairs until that interval settles or `--time-limit` passes. EOS is ignored so every case generates
+exactly the tokens it names.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from assisted_backends.cli.preflight import INSTALL_PLOT
 from assisted_backends.cli.session import Session
 
+INTERVAL_COVERAGE = 0.9  # of the order-statistic interval around the median pair speedup
+NO_EFFECT_BAND = (0.95, 1.05)  # an interval inside it settles as "no difference"
 DEFAULT_PROMPT_LENGTHS = (256, 512)
 DEFAULT_NEW_TOKENS = (64, 128, 256, 512, 1024)
 QUICK_PROMPT_LENGTHS = (128,)
@@ -37,7 +45,17 @@ ASSISTED_COLUMNS = [
     ("Acceptance Rate", "acceptance_rate", "{:.2f}"),
     ("Mean Accepted Length", "mean_accepted_length", "{:.2f}"),
 ]
-COMPARE_COLUMNS = [("Plain Tokens/Sec", "plain_tokens_per_s", "{:.1f}"), ("Speedup", "speedup", "{:.2f}x")]
+SPECULATIVE_COLUMNS = [
+    ("Tokens/Spec. Round", "tokens_per_speculative_round", "{:.2f}"),
+    ("Plain Rounds", "plain_round_share", "{:.0%}"),
+]
+COMPARE_COLUMNS = [
+    ("Plain Tokens/Sec", "plain_tokens_per_s", "{:.1f}"),
+    ("Speedup", "speedup", "{:.2f}x"),
+    ("Speedup Interval", "speedup_interval_text", "{}"),
+    ("Pairs", "pairs", "{}"),
+    ("Settled", "settled_text", "{}"),
+]
 
 
 @dataclass
@@ -48,12 +66,52 @@ class Measurement:
     new_tokens: int
     acceptance_rate: float | None
     mean_accepted_length: float | None
+    tokens_per_speculative_round: float | None = None
+    plain_round_share: float | None = None
+
+
+def median_interval(values: list[float], coverage: float = INTERVAL_COVERAGE) -> tuple[float, float]:
+    """An interval holding the median with probability >= `coverage` (order statistics x_(k), x_(n+1-k), the
+    largest k with P(Binomial(n, 1/2) < k) <= (1 - coverage) / 2); min-max while n is too small for that."""
+    ordered = sorted(values)
+    n = len(ordered)
+    k, tail = 0, 0.0
+    while k < n // 2:
+        tail_next = tail + math.comb(n, k) / 2**n
+        if tail_next > (1 - coverage) / 2:
+            break
+        tail, k = tail_next, k + 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
+
+
+def is_settled(low: float, high: float) -> bool:
+    """The interval excludes 1 (a speedup or a slowdown), or lies inside the no-effect band."""
+    return low > 1.0 or high < 1.0 or (NO_EFFECT_BAND[0] <= low and high <= NO_EFFECT_BAND[1])
+
+
+def run_pairs(
+    measure_pair: Callable[[int], float], min_pairs: int, time_limit: float, clock: Callable[[], float] = time.monotonic
+) -> tuple[list[float], bool]:
+    """Call `measure_pair(i)` (returns one pair's speedup) at least `min_pairs` times, then until the median's
+    interval settles or `time_limit` seconds have passed (0: exactly `min_pairs`). Returns (speedups, settled)."""
+    started = clock()
+    speedups: list[float] = []
+    while True:
+        speedups.append(measure_pair(len(speedups)))
+        if len(speedups) < min_pairs:
+            continue
+        settled = is_settled(*median_interval(speedups))
+        if settled or time_limit <= 0 or clock() - started >= time_limit:
+            return speedups, settled
 
 
 def prompt_source(session: Session) -> list[int]:
     """A long token sequence to cut prompts from: the demo pair's held-out text, a prompt file, or stdlib text."""
     args = session.args
-    if args.prompt_file:
+    if getattr(args, "prompt_text", None) is not None:
+        text = args.prompt_text
+    elif args.prompt_file:
         text = open(args.prompt_file, encoding="utf-8").read()
     elif args.prompt:
         text = args.prompt
@@ -79,8 +137,20 @@ def _measure(session: Session, prompt: torch.Tensor, new_tokens: int, assisted: 
     result = session.generate(prompt, new_tokens, assisted=assisted, ignore_eos=True)
     s = result.stats
     return Measurement(
-        s.total_s, s.prefill_s, s.decode_s, s.new_tokens, s.acceptance_rate, s.mean_accepted_length
+        s.total_s,
+        s.prefill_s,
+        s.decode_s,
+        s.new_tokens,
+        s.acceptance_rate,
+        s.mean_accepted_length,
+        s.tokens_per_speculative_round,
+        s.plain_rounds / s.rounds if s.rounds else None,
     ), result
+
+
+def _median_of(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def _median_row(runs: list[Measurement]) -> dict:
@@ -99,13 +169,13 @@ def _median_row(runs: list[Measurement]) -> dict:
         "tokens_per_s": new_tokens / total if total > 0 else float("inf"),
         "acceptance_rate": statistics.median(rates) if rates else None,
         "mean_accepted_length": statistics.median(lengths) if lengths else None,
+        "tokens_per_speculative_round": _median_of(m.tokens_per_speculative_round for m in runs),
+        "plain_round_share": _median_of(m.plain_round_share for m in runs),
     }
 
 
-def run_benchmark(session: Session) -> tuple[list[dict], str]:
-    """Measure every case; return the rows and a sample of generated text."""
-    from tqdm.auto import tqdm
-
+def run_benchmark(session: Session, rows: list[dict]) -> str:
+    """Measure every case, appending each finished row to `rows` (kept on Ctrl-C); return a sample of text."""
     args = session.args
     prompt_lengths = args.prompt_lengths or (QUICK_PROMPT_LENGTHS if args.quick else DEFAULT_PROMPT_LENGTHS)
     new_token_counts = args.new_tokens or (QUICK_NEW_TOKENS if args.quick else DEFAULT_NEW_TOKENS)
@@ -117,37 +187,69 @@ def run_benchmark(session: Session) -> tuple[list[dict], str]:
     for mode in modes:  # first-call costs (allocations, kernel selection) stay out of the table
         session.generate(warm, 8, assisted=mode == "assisted", ignore_eos=True)
 
-    rows: list[dict] = []
     sample = ""
-    bar = tqdm(total=len(cases) * args.repeats * len(modes), desc="benchmark", unit="run", file=sys.stderr)
     for example, (prompt_length, new_tokens) in enumerate(cases):
         prompt = make_prompt(source, prompt_length)
         runs: dict[str, list[Measurement]] = {mode: [] for mode in modes}
-        for repeat in range(args.repeats):
+
+        def measure_pair(repeat: int, prompt=prompt, new_tokens=new_tokens, runs=runs) -> float:
+            nonlocal sample
             order = modes if repeat % 2 == 0 else list(reversed(modes))
             for mode in order:
                 measurement, result = _measure(session, prompt, new_tokens, assisted=mode == "assisted")
                 runs[mode].append(measurement)
                 if not sample and mode == modes[-1]:
-                    sample = session.tokenizer.decode(result.sequences[0, prompt_length:], skip_special_tokens=True)
-                bar.update(1)
+                    sample = session.tokenizer.decode(result.sequences[0, prompt.shape[1] :], skip_special_tokens=True)
+            return runs["plain"][-1].total_s / runs[modes[-1]][-1].total_s if args.compare else 1.0
+
+        if args.compare:
+            speedups, settled = run_pairs(measure_pair, args.repeats, args.time_limit)
+        else:
+            speedups, settled = [measure_pair(repeat) for repeat in range(args.repeats)], True
         main_mode = modes[-1]
         row = {"example": example, "prompt_tokens": prompt_length, **_median_row(runs[main_mode])}
         if main_mode == "plain":
-            row["acceptance_rate"] = row["mean_accepted_length"] = None
+            row["acceptance_rate"] = row["mean_accepted_length"] = row["tokens_per_speculative_round"] = None
         if args.compare:
             plain = _median_row(runs["plain"])
             row["plain_total_s"] = plain["total_s"]
             row["plain_time_per_token_ms"] = plain["time_per_token_ms"]
             row["plain_tokens_per_s"] = plain["tokens_per_s"]
-            row["speedup"] = plain["total_s"] / row["total_s"]
+            low, high = median_interval(speedups)
+            row["speedup"] = statistics.median(speedups)
+            row["speedup_interval"] = [low, high]
+            row["pair_speedups"] = speedups
+            row["pairs"] = len(speedups)
+            row["settled"] = settled
+            row["speedup_interval_text"] = f"{low:.2f}-{high:.2f}"
+            row["settled_text"] = "yes" if settled else f"NO: spread > effect after {args.time_limit:g} s"
         rows.append(row)
-    bar.close()
-    return rows, sample
+        print(f"case {example + 1}/{len(cases)} done: {prompt_length} + {new_tokens} tokens", file=sys.stderr)
+    return sample
+
+
+def legend(assisted: bool, compare: bool) -> str:
+    """What the table's derived columns mean, printed under it."""
+    lines = ["Time/Token = time after the prefill / (new tokens - 1); Tokens/Sec = new tokens / Total Time."]
+    if assisted:
+        lines.append(
+            "Acceptance Rate = accepted / drafted tokens (speculative rounds only); Mean Accepted Length = tokens "
+            "per round over all rounds; Tokens/Spec. Round = tokens per round that drafted (accepted + the "
+            "target's own); Plain Rounds = share of rounds with γ = 0 (the schedule found speculation would not pay)."
+        )
+    if compare:
+        lines.append(
+            f"Speedup = median over interleaved pairs of plain time / assisted time; Speedup Interval holds that "
+            f"median with >= {INTERVAL_COVERAGE:.0%} probability (min-max under 5 pairs); Settled = NO when the "
+            f"interval still contains 1 (the spread is wider than the effect): do not trust that row."
+        )
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict], assisted: bool, compare: bool) -> str:
-    columns = COLUMNS + (ASSISTED_COLUMNS if assisted else []) + (COMPARE_COLUMNS if compare else [])
+    columns = (
+        COLUMNS + (ASSISTED_COLUMNS + SPECULATIVE_COLUMNS if assisted else []) + (COMPARE_COLUMNS if compare else [])
+    )
     cells = [[title for title, _, _ in columns]]
     for row in rows:
         cells.append([("-" if row.get(key) is None else fmt.format(row[key])) for _, key, fmt in columns])
@@ -163,7 +265,8 @@ def write_json(path: str, rows: list[dict], runtime: dict, settings: dict) -> No
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
-    keys = list(rows[0]) if rows else []
+    keys = [key for key in rows[0] if key not in ("pair_speedups", "speedup_interval")] if rows else []
+    rows = [{key: row.get(key) for key in keys} for row in rows]
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=keys)
         writer.writeheader()
@@ -177,7 +280,7 @@ def write_plot(path: str, rows: list[dict]) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise RuntimeError("--plot needs matplotlib: pip install assisted_backends[plot]") from None
+        raise RuntimeError(f"--plot needs matplotlib: {INSTALL_PLOT}") from None
     labels = [f"{r['prompt_tokens']}+{r['new_tokens']}" for r in rows]
     figure, axis = plt.subplots(figsize=(max(6, len(rows) * 0.8), 4))
     axis.bar(labels, [r["speedup"] for r in rows], color="#4c72b0")

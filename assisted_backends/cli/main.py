@@ -1,40 +1,79 @@
-"""`run-assisted-generation`: generate text or benchmark assisted vs plain decoding."""
+"""`run-assisted-generation`: generate text or benchmark assisted vs plain decoding.
+
+Order of work: parse and check every flag, input file and output path (no torch import, so `--help`
+and mistakes answer at once), then import torch and load the models, then run. Ctrl-C stops with one
+line and exit status 130; a benchmark prints and writes the rows it finished.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
+from importlib.metadata import entry_points
 
-from assisted_backends import distributed
-from assisted_backends.backends.registry import DeviceUnavailableError, discover
-from assisted_backends.cli import benchmark, prompting
 from assisted_backends.cli.args import build_parser, validate
-from assisted_backends.cli.loading import CLIError
-from assisted_backends.cli.session import Session, open_session
-from assisted_backends.demo.pair import DEMO_REPETITION_PENALTY
+from assisted_backends.cli.errors import CLIError
+from assisted_backends.cli.preflight import preflight
 
-DEMO_PROMPT = "import os\nimport sys\n\n\ndef main(argv=None):\n"
+BUILTIN_DEVICES = ("cpu", "cuda", "hpu")
+ENTRY_POINT_GROUP = "assisted_backends.backends"  # the registry's group, read here without importing backends
+INTERRUPTED = 130
+
+# API argument names as the CLI user typed them (errors raised by `generate` use the API's spelling).
+FLAG_SPELLING = {
+    "draft_precision": "--draft-precision",
+    "dtype": "--dtype",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "repetition_penalty": "--repetition-penalty",
+    "max_new_tokens": "--max-new-tokens",
+    "num_assistant_tokens": "--num-assistant-tokens",
+    "bucket_size": "--bucket-size",
+    "prompt_lookup_num_tokens": "--prompt-lookup",
+    "assistant_early_exit": "--assistant-early-exit",
+    "static_shapes": "--static-shapes",
+    "assistant_model": "--assistant-model",
+    "do_sample": "--do_sample",
+    "device": "--device",
+    "schedule": "--schedule",
+}
+_ONLY_WITH_VALUE = {"device", "schedule"}  # ordinary words too: rewritten only as `name=value`
 
 
-def _read_prompt(args: argparse.Namespace, session: Session) -> str:
-    if args.prompt_file is not None:
-        try:
-            text = open(args.prompt_file, encoding="utf-8").read()
-        except OSError as error:
-            raise CLIError(f"--prompt-file {args.prompt_file}: {error.strerror}") from None
+def flag_spelling(message: str) -> str:
+    """`dtype='bf16'` -> `--dtype bf16`, `top_p` -> `--top-p`: the flags the user typed, not the API's names."""
+    for name, flag in FLAG_SPELLING.items():
+        message = re.sub(rf"(?<![\w-]){name}=(['\"]?)([^'\",;) ]*)\1", rf"{flag} \2", message)
+        if name not in _ONLY_WITH_VALUE:
+            message = re.sub(rf"(?<![\w-]){name}\b", flag, message)
+    return message
+
+
+def device_names() -> list[str]:
+    """`--device` choices from the entry-point metadata (no backend module is imported)."""
+    names = {entry.name for entry in entry_points(group=ENTRY_POINT_GROUP)} | set(BUILTIN_DEVICES)
+    return ["auto", *sorted(names)]
+
+
+def _read_prompt(args: argparse.Namespace, session) -> str:
+    if args.prompt_text is not None:
+        text = args.prompt_text
     elif args.prompt is not None:
         text = args.prompt
     else:
-        text = DEMO_PROMPT if session.held_out_text is not None else "Speculative decoding makes language models"
+        text = (
+            session.demo_prompt() if session.held_out_text is not None else "Speculative decoding makes language models"
+        )
     if not text.strip():
         raise CLIError("the prompt is empty; pass some text with --prompt or --prompt-file")
     return text
 
 
-def _print_runtime(session: Session, log) -> dict:
-    runtime = session.backend.describe()
+def _print_runtime(session, log) -> dict:
+    runtime = session.runtime()
     for notice in session.notices:
         print(notice, file=log)
     for key, value in runtime.items():
@@ -42,7 +81,11 @@ def _print_runtime(session: Session, log) -> dict:
     return runtime
 
 
-def _generate_task(session: Session, log) -> None:
+def _generate_task(session, log) -> None:
+    from assisted_backends.cli import prompting
+    from assisted_backends.cli.report import describe_stats
+    from assisted_backends.demo.pair import DEMO_REPETITION_PENALTY
+
     args = session.args
     text = _read_prompt(args, session)
     input_ids, shown = prompting.encode(session.tokenizer, text, args)
@@ -50,6 +93,10 @@ def _generate_task(session: Session, log) -> None:
         args.repetition_penalty = DEMO_REPETITION_PENALTY
         print(f"note: demo pair: --repetition-penalty {DEMO_REPETITION_PENALTY} (pass 1.0 for plain greedy)", file=log)
     streamer = prompting.streamer(session.tokenizer) if prompting.wants_stream(args) else None
+    if session.held_out_text is not None and args.prompt_text is None and args.prompt is None:
+        from assisted_backends.cli.session import DEMO_EXPLAINED
+
+        print(DEMO_EXPLAINED, file=log)
     if streamer is not None:
         print(shown, end="", flush=True)
     result = session.generate(input_ids, args.max_new_tokens, assisted=session.assisted, streamer=streamer)
@@ -58,14 +105,7 @@ def _generate_task(session: Session, log) -> None:
     stats = result.stats
     if streamer is None:  # streamed text already ends with the completion and a newline
         print(shown + completion)
-    rate = "-" if stats.acceptance_rate is None else f"{stats.acceptance_rate:.2f}"
-    length = "-" if stats.mean_accepted_length is None else f"{stats.mean_accepted_length:.2f}"
-    print(
-        f"\n[{stats.new_tokens} new tokens in {stats.total_s:.2f} s: prefill {1000 * stats.prefill_s:.1f} ms, "
-        f"{1000 * stats.decode_s / max(1, stats.new_tokens - 1):.2f} ms/token after it; "
-        f"acceptance rate {rate}, mean accepted length {length}]",
-        file=log,
-    )
+    print("\n" + describe_stats(stats), file=log)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(
@@ -73,44 +113,78 @@ def _generate_task(session: Session, log) -> None:
                     "text": completion,
                     "generated_token_ids": new_ids.tolist(),
                     "stats": stats.to_dict(),
-                    "runtime": session.backend.describe(),
+                    "runtime": session.runtime(),
                 },
                 handle,
                 indent=2,
             )
 
 
-def _benchmark_task(session: Session, log) -> None:
+def _write_benchmark(session, rows: list[dict], log) -> None:
+    from assisted_backends.cli import benchmark
+
     args = session.args
-    rows, sample = benchmark.run_benchmark(session)
-    print(f"sample continuation: {sample[:400]!r}", file=log)
     print(benchmark.format_table(rows, assisted=session.assisted, compare=args.compare))
-    settings = {k: v for k, v in vars(args).items() if k not in ("json", "csv", "plot")}
+    print(benchmark.legend(assisted=session.assisted, compare=args.compare), file=log)
+    settings = {k: v for k, v in vars(args).items() if k not in ("json", "csv", "plot", "prompt_text")}
     if args.json:
-        benchmark.write_json(args.json, rows, session.backend.describe(), settings)
+        benchmark.write_json(args.json, rows, session.runtime(), settings)
     if args.csv:
         benchmark.write_csv(args.csv, rows)
-    if args.plot:
+    if args.plot and rows:
         benchmark.write_plot(args.plot, rows)
 
 
+def _benchmark_task(session, log) -> None:
+    from assisted_backends.cli import benchmark
+
+    rows: list[dict] = []
+    try:
+        sample = benchmark.run_benchmark(session, rows)
+    except KeyboardInterrupt:
+        print(f"interrupted: {len(rows)} finished case(s) follow", file=log)
+        _write_benchmark(session, rows, log)
+        raise
+    print(f"sample continuation: {sample[:400]!r}", file=log)
+    _write_benchmark(session, rows, log)
+
+
+def _run(args: argparse.Namespace) -> None:
+    from assisted_backends import distributed
+    from assisted_backends.cli.session import open_session
+
+    session = open_session(args)
+    if not distributed.is_main_process():  # under deepspeed/torchrun every rank runs the loop; only rank 0 speaks
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+        args.json = args.csv = args.plot = None
+    log = sys.stderr
+    _print_runtime(session, log)
+    (_benchmark_task if args.task == "benchmark" else _generate_task)(session, log)
+
+
+def _shutdown(wait_for_peers: bool) -> None:
+    if "torch" in sys.modules:  # nothing to shut down when we stopped before loading anything
+        from assisted_backends import distributed
+
+        distributed.shutdown(wait_for_peers=wait_for_peers)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(["auto", *sorted(discover())])
+    parser = build_parser(device_names())
     args = parser.parse_args(argv)
     try:
         validate(args)
-        session = open_session(args)
-        if not distributed.is_main_process():  # under deepspeed/torchrun every rank runs the loop; only rank 0 speaks
-            sys.stdout = sys.stderr = open(os.devnull, "w")
-            args.json = args.csv = args.plot = None
-        log = sys.stderr
-        _print_runtime(session, log)
-        (_benchmark_task if args.task == "benchmark" else _generate_task)(session, log)
-    except (CLIError, ValueError, NotImplementedError, DeviceUnavailableError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        distributed.shutdown(wait_for_peers=False)
+        preflight(args)
+        _run(args)
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        _shutdown(wait_for_peers=False)
+        return INTERRUPTED
+    except (CLIError, ValueError, NotImplementedError, RuntimeError) as error:  # DeviceUnavailableError included
+        print(f"error: {flag_spelling(str(error))}", file=sys.stderr)
+        _shutdown(wait_for_peers=False)
         return 2
-    distributed.shutdown()
+    _shutdown(wait_for_peers=True)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,23 @@ import torch
 import assisted_backends
 from assisted_backends import distributed
 from assisted_backends.backends import Backend, BackendOptions, resolve_backend
+from assisted_backends.cli.errors import CLIError
 from assisted_backends.cli.loading import TORCH_DTYPES, default_assistant, load_model, load_tokenizer
 from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
+from assisted_backends.xeon import affinity
+
+SMOKE_NOTICE = (
+    "note: using a SMOKE demo pair ({target} target, {draft} draft, a few training steps on a small text sample): "
+    "it writes noise; it exists for tests and CI"
+)
+# A prompt in the style of the demo pair's training text (its continuations of bare imports were mostly `#` and
+# blank lines under greedy decoding; a class body gives code-shaped lines).
+DEMO_PROMPT = 'class Stack:\n    """A last-in, first-out stack."""\n\n    def __init__(self):\n'
+DEMO_EXPLAINED = (
+    "note: what you see: the demo target (12 M parameters, minutes of training) continues a Python class with the "
+    "draft proposing tokens; expect Python-shaped fragments, not working code. The text is exactly what the target "
+    "alone writes (in the default fp32); the statistics below show how much of it the draft got right"
+)
 
 
 @dataclass
@@ -26,6 +42,15 @@ class Session:
     draft_tokenizer: Any = None
     notices: list[str] = field(default_factory=list)
     held_out_text: str | None = None
+    threads: dict[str, str] = field(default_factory=dict)
+
+    def runtime(self) -> dict[str, str]:
+        """The backend's report (device, precision, placement) plus how the thread count was chosen."""
+        return {**self.backend.describe(), **self.threads}
+
+    def demo_prompt(self) -> str:
+        """The generate task's prompt for the demo pair when none is given."""
+        return DEMO_PROMPT
 
     @property
     def assisted(self) -> bool:
@@ -74,12 +99,54 @@ def _pick_models(args: argparse.Namespace, notices: list[str]) -> tuple[str, str
         pair = shipped_pair() if args.demo_pair == "shipped" else None
         if pair is None:
             pair = ensure_demo_pair(root=Path(args.demo_dir) if args.demo_dir else None, budget=budget)
-        notices.append(NOTICE.format(target=_size(budget.target), draft=_size(budget.draft)))
+        notice = SMOKE_NOTICE if args.demo_pair == "smoke" else NOTICE
+        notices.append(notice.format(target=_size(budget.target), draft=_size(budget.draft)))
         draft = None if (args.no_assisted or args.prompt_lookup or args.assistant_early_exit) else str(pair.draft_dir)
         return str(pair.target_dir), draft, str(pair.held_out_text)
     wants_draft_model = not (args.no_assisted or args.prompt_lookup or args.assistant_early_exit)
-    draft = args.assistant_model or (default_assistant(args.model) if wants_draft_model else None)
-    return args.model, draft if wants_draft_model else None, None
+    if not wants_draft_model:
+        return args.model, None, None
+    if args.assistant_model is not None:
+        return args.model, args.assistant_model, None
+    draft = default_assistant(args.model)
+    _require_local_default(draft)
+    notices.append(f"note: no --assistant-model given; using the default draft for this family: {draft}")
+    return args.model, draft, None
+
+
+def _require_local_default(draft: str) -> None:
+    """The default draft is used only when it is already on this machine: never an implicit download."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if Path(draft).is_dir() or isinstance(try_to_load_from_cache(draft, "config.json"), str):
+        return
+    raise CLIError(
+        f"no --assistant-model given, and this target's default draft {draft} is not on this machine (it is never "
+        f"downloaded implicitly). Offline options: --prompt-lookup 10 (no draft model), --assistant-early-exit 2 "
+        f"(the target's first layers), --assistant-model DIR (a local draft), --no-assisted. Online: `hf download "
+        f"{draft}` once, or pass --assistant-model {draft}"
+    )
+
+
+def _choose_threads(args: argparse.Namespace) -> dict[str, str]:
+    """Set torch's threads (--threads > $OMP_NUM_THREADS > usable cores) and say where the number came from."""
+    omp = os.environ.get("OMP_NUM_THREADS")
+    if args.threads is not None:
+        threads, source = affinity.set_threads(args.threads), "--threads"
+    elif omp:
+        threads, source = torch.get_num_threads(), "OMP_NUM_THREADS"
+    else:
+        threads = affinity.set_threads(None)
+        quota = affinity.cgroup_cpu_quota()
+        source = (
+            f"usable cores: affinity {len(affinity.placement().affinity)}, cgroup quota "
+            f"{'none' if quota is None else f'{quota:g}'}, local ranks {os.environ.get('LOCAL_WORLD_SIZE', '1')}"
+        )
+    report = {"threads": str(threads), "threads_from": source}
+    busy = affinity.busy_note()
+    if busy is not None:
+        report["machine_busy"] = busy
+    return report
 
 
 def _size(shape) -> str:
@@ -89,6 +156,7 @@ def _size(shape) -> str:
 def open_session(args: argparse.Namespace) -> Session:
     """Resolve the backend, load (and prepare once) the models and tokenizers."""
     notices: list[str] = []
+    threads = _choose_threads(args)  # before any model runs, so every op uses the pool it will keep
     target_name, draft_name, held_out = _pick_models(args, notices)
     options = BackendOptions(dtype=args.dtype, draft_precision=args.draft_precision, bucket_size=args.bucket_size)
     backend = resolve_backend(args.device, options)
@@ -106,4 +174,4 @@ def open_session(args: argparse.Namespace) -> Session:
         draft = backend.prepare(load_model(draft_name, "--assistant-model", None), "draft")
         draft_tokenizer = load_tokenizer(draft_name, "--assistant-model")
     text = open(held_out, encoding="utf-8").read() if held_out else None
-    return Session(args, backend, target, tokenizer, draft, draft_tokenizer, notices, text)
+    return Session(args, backend, target, tokenizer, draft, draft_tokenizer, notices, text, threads)

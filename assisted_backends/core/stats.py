@@ -12,13 +12,16 @@ class GenerationStats:
     A *round* is one target verification pass after the prefill: it scores γ draft tokens plus one
     more position. `accepted` counts verification decisions (before truncation at EOS or at
     max_new_tokens), so `acceptance_rate` α = accepted / drafted is the per-token acceptance the
-    Leviathan formula uses.
+    Leviathan formula uses. A round with γ = 0 (the adaptive schedule's plain decoding, or a lookup
+    that found nothing) is a *plain round*: one target token, nothing drafted. `mean_accepted_length`
+    averages over every round; `tokens_per_speculative_round` only over rounds that drafted.
     """
 
     new_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
     rounds: int = 0
+    plain_rounds: int = 0
     target_forwards: int = 0
     draft_forwards: int = 0
     per_position_drafted: list[int] = field(default_factory=list)
@@ -41,12 +44,25 @@ class GenerationStats:
         return (self.accepted + self.rounds) / self.rounds if self.rounds else None
 
     @property
+    def speculative_rounds(self) -> int:
+        """Rounds that drafted at least one token (γ > 0)."""
+        return self.rounds - self.plain_rounds
+
+    @property
+    def tokens_per_speculative_round(self) -> float | None:
+        """Tokens gained per round that drafted, the target's own token included: (accepted + s) / s."""
+        rounds = self.speculative_rounds
+        return (self.accepted + rounds) / rounds if rounds else None
+
+    @property
     def total_s(self) -> float:
         return self.prefill_s + self.decode_s
 
     def record_round(self, drafted: int, accepted: int) -> None:
         """Count one verification round in which the first `accepted` of `drafted` tokens were kept."""
         self.rounds += 1
+        if drafted == 0:
+            self.plain_rounds += 1
         self.drafted += drafted
         self.accepted += accepted
         while len(self.per_position_drafted) < drafted:
@@ -61,5 +77,7 @@ class GenerationStats:
         data = asdict(self)
         data["acceptance_rate"] = self.acceptance_rate
         data["mean_accepted_length"] = self.mean_accepted_length
+        data["speculative_rounds"] = self.speculative_rounds
+        data["tokens_per_speculative_round"] = self.tokens_per_speculative_round
         data["total_s"] = self.total_s
         return data

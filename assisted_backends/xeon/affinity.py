@@ -1,4 +1,10 @@
-"""The threads and CPU placement this process actually got (after numactl, taskset or torch's launcher).
+"""The threads and CPU placement this process actually got (after numactl, taskset or torch's launcher),
+and the thread count it should use.
+
+`usable_cores()` = the CPUs in this process's affinity mask, capped by a cgroup CPU quota (a
+container's `--cpus`), divided among the ranks a launcher started on this host (LOCAL_WORLD_SIZE).
+`set_threads(n)` sets torch's intra-op pool (default: `usable_cores()`); `busy_note()` says when the
+machine's load average already fills its CPUs (then more threads mostly wait for each other).
 
 Nothing here changes the placement: `numactl -C/-m`, `taskset -c` and
 `python -m torch.backends.xeon.run_cpu` set it before Python starts, and OMP_NUM_THREADS sets torch's
@@ -103,6 +109,65 @@ def placement() -> ThreadPlacement:
         numa_memory_nodes=_mems_allowed(),
         omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
         preloaded_allocator=allocator,
+    )
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs allowed by the cgroup quota (v2 `cpu.max`, v1 `cpu.cfs_quota_us`/`cpu.cfs_period_us`); None if unlimited."""
+    try:
+        quota, period = open(f"{root}/cpu.max", encoding="utf-8").read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int(open(f"{root}/cpu/cpu.cfs_quota_us", encoding="utf-8").read())
+        period = int(open(f"{root}/cpu/cpu.cfs_period_us", encoding="utf-8").read())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def _affinity_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def usable_cores(cgroup_root: str = "/sys/fs/cgroup", environ: dict | None = None) -> int:
+    """Cores this process may keep busy: affinity, capped by the cgroup quota, shared among local ranks."""
+    environ = os.environ if environ is None else environ
+    cores = float(_affinity_count())
+    quota = cgroup_cpu_quota(cgroup_root)
+    if quota is not None:
+        cores = min(cores, quota)
+    try:
+        ranks = max(1, int(environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, int(cores // ranks))
+
+
+def set_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op threads (default `usable_cores()`); return the count now in use."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {threads}")
+    torch.set_num_threads(threads or usable_cores())
+    return torch.get_num_threads()
+
+
+def busy_note(load: float | None = None, cpus: int | None = None) -> str | None:
+    """A note when the 1-minute load average (other jobs) fills the machine's CPUs; None otherwise."""
+    try:
+        load = os.getloadavg()[0] if load is None else load
+    except (AttributeError, OSError):
+        return None
+    cpus = cpus or os.cpu_count() or 1
+    if load < cpus:
+        return None
+    return (
+        f"this machine looks busy (load average {load:.1f} on {cpus} CPU(s)): timings will be slow and noisy, and "
+        f"fewer threads are often faster here (try --threads 1)"
     )
 
 

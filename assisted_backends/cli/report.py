@@ -1,0 +1,26 @@
+"""The generate task's statistics, each number defined in the words printed next to it."""
+
+from __future__ import annotations
+
+from assisted_backends.core.stats import GenerationStats
+
+
+def describe_stats(stats: GenerationStats) -> str:
+    """Timing line, then speculative rounds and plain rounds reported separately."""
+    per_token = 1000 * stats.decode_s / max(1, stats.new_tokens - 1)
+    lines = [
+        f"[{stats.new_tokens} new tokens in {stats.total_s:.2f} s: prefill {1000 * stats.prefill_s:.1f} ms "
+        f"(prompt pass + first token), then {per_token:.2f} ms/token]"
+    ]
+    speculative, plain = stats.speculative_rounds, stats.plain_rounds
+    if speculative:
+        lines.append(
+            f"[speculative rounds: {speculative}; drafted {stats.drafted} tokens, accepted {stats.accepted}: "
+            f"acceptance rate {stats.acceptance_rate:.2f} (accepted / drafted); "
+            f"{stats.tokens_per_speculative_round:.2f} tokens per speculative round "
+            f"(accepted + the target's own token)]"
+        )
+    else:
+        lines.append("[speculative rounds: 0 (nothing drafted): acceptance rate -]")
+    lines.append(f"[plain rounds: {plain} (γ = 0: no draft, one target token each)]")
+    return "\n".join(lines)

@@ -110,6 +110,7 @@ def convert_gguf(gguf: Path, output: Path, what: str = "model") -> Path:
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        staging.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         try:
             staging.rename(output)
         except OSError:  # another process finished the same conversion first

@@ -228,7 +228,7 @@ def test_unknown_architecture_without_a_draft_lists_the_options(saved_pair, caps
 def test_default_draft_that_is_not_on_disk_says_so_in_one_line(saved_pair, capsys):
     code, _, stderr = _run(capsys, "-m", str(saved_pair / "target"), "--dtype", "fp32")
     assert code == 2
-    assert "'PY007/TinyLlama-1.1B-intermediate-step-715k-1.5T' is not on disk" in stderr
+    assert "default draft PY007/TinyLlama-1.1B-intermediate-step-715k-1.5T is not on this machine" in stderr
     assert len(stderr.strip().splitlines()[-1]) > 0 and "Traceback" not in stderr
 
 

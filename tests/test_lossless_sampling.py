@@ -19,6 +19,7 @@ from assisted_backends import generate
 SAMPLES = 3000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "temperature,top_k,top_p",
     [(1.0, None, None), (0.7, 5, 0.9)],

@@ -44,7 +44,10 @@ _ONLY_WITH_VALUE = {"device", "schedule"}  # ordinary words too: rewritten only 
 
 
 def flag_spelling(message: str) -> str:
-    """`dtype='bf16'` -> `--dtype bf16`, `top_p` -> `--top-p`: the flags the user typed, not the API's names."""
+    """`dtype='bf16'` -> `--dtype bf16`, `top_p` -> `--top-p`: the flags the user typed, not the API's names;
+    install hints in the form that works from a checkout."""
+    # the package is not on PyPI: install extras from this checkout
+    message = re.sub(r"pip install assisted_backends\[(\w+)\]", r'pip install -e ".[\1]" (from this checkout)', message)
     for name, flag in FLAG_SPELLING.items():
         message = re.sub(rf"(?<![\w-]){name}=(['\"]?)([^'\",;) ]*)\1", rf"{flag} \2", message)
         if name not in _ONLY_WITH_VALUE:

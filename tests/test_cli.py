@@ -288,5 +288,5 @@ def test_console_script_runs_the_demo_pair_end_to_end(tmp_path):
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr
-    assert "embedded DEMO pair" in completed.stderr and "acceptance rate" in completed.stderr
-    assert "import os\nimport sys\n" in completed.stdout  # the demo prompt, then the continuation
+    assert "SMOKE demo pair" in completed.stderr and "acceptance rate" in completed.stderr
+    assert completed.stdout.startswith("class Stack:\n")  # the demo prompt, then the continuation

@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import assisted_backends
 
+assisted_backends.set_threads()  # the cores this process may use (affinity, cgroup quota, ranks); or (n)
 torch.manual_seed(0)
 config = LlamaConfig(
     vocab_size=256,
@@ -34,5 +35,9 @@ assisted = assisted_backends.generate(target, prompt, assistant_model=draft, max
 assert torch.equal(plain.sequences, assisted.sequences), "greedy assisted output must equal plain output"
 stats = assisted.stats
 print(f"identical tokens: True; new tokens {stats.new_tokens}")
-print(f"acceptance rate {stats.acceptance_rate:.2f}, mean accepted length {stats.mean_accepted_length:.2f}")
+print(
+    f"{stats.speculative_rounds} speculative rounds: acceptance rate {stats.acceptance_rate:.2f} (accepted / drafted), "
+    f"{stats.tokens_per_speculative_round:.2f} tokens per round (the target's own included); "
+    f"{stats.plain_rounds} plain rounds"
+)
 print(f"target forwards: plain {plain.stats.target_forwards}, assisted {stats.target_forwards}")

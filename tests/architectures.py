@@ -100,31 +100,84 @@ ARCHS: tuple[Arch, ...] = (
     Arch(
         "llama4_text",
         dict(
-            attention_chunk_size=8, head_dim=16, intermediate_size_mlp=128, num_local_experts=2,
-            num_experts_per_tok=1, no_rope_layers=[1, 0], interleave_moe_layer_step=1, moe_layers=[0, 1],
+            attention_chunk_size=8,
+            head_dim=16,
+            intermediate_size_mlp=128,
+            num_local_experts=2,
+            num_experts_per_tok=1,
+            no_rope_layers=[1, 0],
+            interleave_moe_layer_step=1,
+            moe_layers=[0, 1],
         ),
         "chunked",
     ),
-    Arch("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)),
+    Arch(
+        "qwen2_moe",
+        dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    ),
 )
 # Every other decoder-only `model_type` of transformers 5.23 that builds from COMMON alone, under 3M
 # parameters, in well under a second (found by trying all of MODEL_FOR_CAUSAL_LM_MAPPING): tested for
-# identity with their defaults, and the ones whose cache cannot roll back for a clear refusal.
+# identity with their defaults on transformers >= 5 (BREADTH_FROM), and the ones whose cache cannot roll
+# back for a clear refusal. On 4.51/4.55 some of them crash inside transformers' own StaticCache (it
+# sizes heads from config fields these models ignore) or take no position_ids: not covered there.
+BREADTH_FROM = (5, 0)
 BREADTH_TYPES = (
-    "apertus", "arcee", "aria_text", "beam", "biogpt", "bitnet", "cohere2_moe", "ctrl", "diffllama", "doge",
-    "ernie4_5", "exaone4", "flex_olmo", "glm", "glm4", "gpt-sw3", "gpt_neox_japanese", "granite_swa",
-    "granitemoe", "granitemoe_swa", "granitemoeshared", "hyperclovax", "internlm3", "iquestcoder", "jais2",
-    "jetmoe", "lfm2", "ministral3", "mpt", "nanochat", "nemotron", "olmo3", "persimmon", "phimoe", "seed_oss",
-    "smollm3", "trocr", "vaultgemma", "xglm",
+    "apertus",
+    "arcee",
+    "aria_text",
+    "beam",
+    "biogpt",
+    "bitnet",
+    "cohere2_moe",
+    "ctrl",
+    "diffllama",
+    "doge",
+    "ernie4_5",
+    "exaone4",
+    "flex_olmo",
+    "glm",
+    "glm4",
+    "gpt-sw3",
+    "gpt_neox_japanese",
+    "granite_swa",
+    "granitemoe",
+    "granitemoe_swa",
+    "granitemoeshared",
+    "hyperclovax",
+    "internlm3",
+    "iquestcoder",
+    "jais2",
+    "jetmoe",
+    "lfm2",
+    "ministral3",
+    "mpt",
+    "nanochat",
+    "nemotron",
+    "olmo3",
+    "persimmon",
+    "phimoe",
+    "seed_oss",
+    "smollm3",
+    "trocr",
+    "vaultgemma",
+    "xglm",
 )
 REFUSED_TYPES = (  # recurrent / linear-attention state, KV shared across layers, or no KV cache at all
-    "falcon_h1", "falcon_mamba", "mamba", "minimax", "olmo_hybrid", "rwkv", "gemma4_unified_text", "openai-gpt",
+    "falcon_h1",
+    "falcon_mamba",
+    "mamba",
+    "minimax",
+    "olmo_hybrid",
+    "rwkv",
+    "gemma4_unified_text",
+    "openai-gpt",
 )
 ARCH_NAMES = tuple(arch.model_type for arch in ARCHS)
 SLIDING_ARCHS = tuple(arch.model_type for arch in ARCHS if arch.cache_kinds == "sliding")
 HYBRID_ARCHS = tuple(arch.model_type for arch in ARCHS if arch.cache_kinds == "hybrid")
 _BY_NAME = {arch.model_type: arch for arch in ARCHS}
-_VERSION = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+VERSION = tuple(int(part) for part in transformers.__version__.split(".")[:2])
 # Before these transformers releases, these windowed models build masks that a cache which rolls back
 # cannot serve (a HybridCache before 4.55; chunked masks before 5.0): the package must refuse them there,
 # with an upgrade hint, and never return wrong tokens.
@@ -133,7 +186,7 @@ REFUSED_BEFORE = {"gemma2": (4, 55), "gemma3_text": (4, 55), "cohere2": (4, 55),
 
 def refused_here(model_type: str) -> bool:
     """Whether the package must refuse `model_type` with the installed transformers."""
-    return _VERSION < REFUSED_BEFORE.get(model_type, (0, 0))
+    return VERSION < REFUSED_BEFORE.get(model_type, (0, 0))
 
 
 class UnknownArchitecture(Exception):

@@ -54,7 +54,11 @@ def test_hpu_policy_static_shapes(habana, model_type, monkeypatch):
     prompt = repetitive_prompt(PROMPT_LENGTH, seed=7)
     expected = reference(target, prompt)
     result = generate(
-        target, prompt, assistant_model=draft, max_new_tokens=NEW_TOKENS, num_assistant_tokens=3,
+        target,
+        prompt,
+        assistant_model=draft,
+        max_new_tokens=NEW_TOKENS,
+        num_assistant_tokens=3,
         backend=CPUPlacedHPUBackend(BackendOptions(dtype="fp32", bucket_size=16)),
     )
     assert result.stats.cache_layout == "static" and result.stats.accepted < result.stats.drafted
@@ -87,8 +91,13 @@ def test_draft_of_another_tokenizer(tmp_path, model_type):
     for prompt in PROMPTS[:3]:
         ids = target_tokenizer(prompt, return_tensors="pt").input_ids
         result = generate(
-            target, ids, assistant_model=draft, tokenizer=target_tokenizer, assistant_tokenizer=draft_tokenizer,
-            max_new_tokens=NEW_TOKENS, num_assistant_tokens=3,
+            target,
+            ids,
+            assistant_model=draft,
+            tokenizer=target_tokenizer,
+            assistant_tokenizer=draft_tokenizer,
+            max_new_tokens=NEW_TOKENS,
+            num_assistant_tokens=3,
         )
         assert result.stats.drafter == "draft_model_translated"
         assert torch.equal(result.sequences, reference(target, ids)), prompt
@@ -104,8 +113,14 @@ def test_lossless_sampling_through_the_window(model_type):
     warpers = LogitsProcessorList([TopKLogitsWarper(5)])
     counts, acceptance = sample_counts(
         lambda seed: generate(
-            target, PROMPT, assistant_model=draft, max_new_tokens=NEW, do_sample=True, top_k=5,
-            num_assistant_tokens=3, seed=seed,
+            target,
+            PROMPT,
+            assistant_model=draft,
+            max_new_tokens=NEW,
+            do_sample=True,
+            top_k=5,
+            num_assistant_tokens=3,
+            seed=seed,
         ),
         2000,
     )

@@ -186,7 +186,7 @@ class AdaptiveSchedule:
         self,
         max_gamma: int = 8,
         initial: int = 3,
-        max_probe_interval: int = 32,
+        max_probe_interval: int = 256,  # a costly probe (a deep draft catching up on the plain rounds) stays rare
         probe_budget: float = 0.02,
         margin: float = 0.03,
         decay: float = 0.95,

@@ -21,6 +21,7 @@ the callable, transformers has built its own cache and dropped `assistant_model`
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
@@ -46,6 +47,21 @@ _IGNORED = ("use_cache",)  # no effect on the tokens
 
 def _first_set(*values):
     return next((value for value in values if value is not None), None)
+
+
+def _without_default_draft_length(config):
+    """A copy of `config` without transformers' default `num_assistant_tokens` (20, a setting for its own
+    schedule), so that this package's schedule chooses γ; a value the caller changed is kept."""
+    if config is None:
+        return None
+    from transformers import GenerationConfig
+
+    default = GenerationConfig().num_assistant_tokens
+    if getattr(config, "num_assistant_tokens", None) != default:
+        return config
+    config = copy.deepcopy(config)
+    config.num_assistant_tokens = None
+    return config
 
 
 class AssistedGenerate:
@@ -81,6 +97,7 @@ class AssistedGenerate:
             name: _first_set(kwargs.pop(name, None), getattr(generation_config, name, None)) for name in _DRAFTING
         }
         arguments = {**self.defaults, **drafting, **kwargs}
+        generation_config = _without_default_draft_length(generation_config)
         with torch.no_grad():
             result = api.generate(
                 model,

@@ -44,6 +44,23 @@ def test_the_same_script_with_and_without_the_line_gives_identical_tokens():
         assert isinstance(ours, torch.Tensor) and ours.tolist() == plain.tolist()
 
 
+def test_a_generation_config_keeps_the_packages_draft_length_choice():
+    """transformers 4.x configs carry num_assistant_tokens=20 by default (a setting for its own schedule):
+    the drop-in leaves γ to this package's schedule then (at most 8), and keeps a value the caller set."""
+    target = tiny_model("llama", seed=0)
+    draft = tiny_model("llama", seed=0, hidden=32, layers=1)  # cheap enough for the schedule to draft
+    prompt = random_prompt(4, seed=1)
+    assisted_backends.enable(target)
+    try:
+        target.generate(prompt, assistant_model=draft, generation_config=GenerationConfig(max_new_tokens=30))
+        assert 0 < len(target.generate.last_stats.per_position_drafted) <= 8
+        config = GenerationConfig(max_new_tokens=30, num_assistant_tokens=10)
+        target.generate(prompt, assistant_model=draft, generation_config=config)
+        assert len(target.generate.last_stats.per_position_drafted) == 10 and config.num_assistant_tokens == 10
+    finally:
+        assisted_backends.disable(target)
+
+
 def test_return_type_follows_return_dict_in_generate():
     target = tiny_model("llama", seed=0)
     prompt = random_prompt(4, seed=1)

@@ -91,3 +91,29 @@ def test_stop_strings_without_a_tokenizer_is_a_one_line_error():
         generate(target, prompt_ids(tokenizer, PROMPT), max_new_tokens=4, stop_strings=["x"])
     with pytest.raises(TypeError, match="stopping_criteria must hold callables"):
         generate(target, prompt_ids(tokenizer, PROMPT), max_new_tokens=4, stopping_criteria=[3])
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_criteria_see_the_ids_model_generate_sees_under_bucket_padding(static_shapes):
+    target, draft, tokenizer = demo_pair()
+    ids = prompt_ids(tokenizer, PROMPT)
+    stop_length = ids.shape[1] + 9
+    seen = []
+
+    def at_length(input_ids, scores):
+        seen.append(input_ids[0, : ids.shape[1]].tolist())
+        return input_ids.shape[1] >= stop_length
+
+    expected = _reference(target, ids)[:stop_length]
+    result = generate(
+        target,
+        ids,
+        assistant_model=draft,
+        max_new_tokens=NEW,
+        num_assistant_tokens=3,
+        static_shapes=static_shapes,
+        bucket_size=16,
+        stopping_criteria=[at_length],
+    )
+    assert result.sequences[0].tolist() == expected
+    assert all(prefix == ids[0].tolist() for prefix in seen)  # no bucket padding in front of the prompt

@@ -57,7 +57,8 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         *_both("assistant_model"),
         dest="assistant_model",
         default=None,
-        help="draft: a local directory or a Hub id (default: chosen from the target's architecture)",
+        help="draft: a local directory, a .gguf file or a Hub id (default: the target family's usual draft, used only "
+        "when it is already on this machine; it is never downloaded implicitly)",
     )
     models.add_argument(
         *_both("no_assisted"),

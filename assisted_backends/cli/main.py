@@ -49,9 +49,9 @@ def flag_spelling(message: str) -> str:
     # the package is not on PyPI: install extras from this checkout
     message = re.sub(r"pip install assisted_backends\[(\w+)\]", r'pip install -e ".[\1]" (from this checkout)', message)
     for name, flag in FLAG_SPELLING.items():
-        message = re.sub(rf"(?<![\w-]){name}=(['\"]?)([^'\",;) ]*)\1", rf"{flag} \2", message)
+        message = re.sub(rf"(?<![\w\-/.]){name}=(['\"]?)([^'\",;) ]*)\1", rf"{flag} \2", message)
         if name not in _ONLY_WITH_VALUE:
-            message = re.sub(rf"(?<![\w-]){name}\b", flag, message)
+            message = re.sub(rf"(?<![\w\-/.]){name}\b(?!/|\.\w)", flag, message)
     return message
 
 
@@ -157,12 +157,17 @@ def _run(args: argparse.Namespace) -> None:
     from assisted_backends.cli.session import open_session
 
     session = open_session(args)
+    streams = sys.stdout, sys.stderr  # restored below, so that every rank's own error is printed
     if not distributed.is_main_process():  # under deepspeed/torchrun every rank runs the loop; only rank 0 speaks
         sys.stdout = sys.stderr = open(os.devnull, "w")
-        args.json = args.csv = args.plot = None
+        args.csv = args.plot = None
+    args.json = distributed.per_rank_path(args.json)  # "out.{rank}.json": one file per rank; else rank 0's only
     log = sys.stderr
-    _print_runtime(session, log)
-    (_benchmark_task if args.task == "benchmark" else _generate_task)(session, log)
+    try:
+        _print_runtime(session, log)
+        (_benchmark_task if args.task == "benchmark" else _generate_task)(session, log)
+    finally:
+        sys.stdout, sys.stderr = streams
 
 
 def _shutdown(wait_for_peers: bool) -> None:

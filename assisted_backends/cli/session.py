@@ -143,7 +143,7 @@ def _choose_threads(args: argparse.Namespace) -> dict[str, str]:
             f"{'none' if quota is None else f'{quota:g}'}, local ranks {os.environ.get('LOCAL_WORLD_SIZE', '1')}"
         )
     report = {"threads": str(threads), "threads_from": source}
-    busy = affinity.busy_note()
+    busy = affinity.busy_note(threads=threads)
     if busy is not None:
         report["machine_busy"] = busy
     return report
@@ -165,8 +165,7 @@ def open_session(args: argparse.Namespace) -> Session:
     launch = distributed.launch_context()
     if launch is not None:  # deepspeed / torchrun: shard the target (AutoTP); every rank keeps a full draft
         distributed.init_distributed(launch, backend.name)
-        target = distributed.shard_target(target, launch)
-        args.seed = distributed.common_seed(args.seed)
+        target = distributed.shard_target(target, launch)  # generate agrees seed and γ across ranks itself
     target = backend.prepare(target, "target")
     tokenizer = load_tokenizer(target_name, "-m/--model")
     draft = draft_tokenizer = None

@@ -156,7 +156,7 @@ def set_threads(threads: int | None = None) -> int:
     return torch.get_num_threads()
 
 
-def busy_note(load: float | None = None, cpus: int | None = None) -> str | None:
+def busy_note(load: float | None = None, cpus: int | None = None, threads: int | None = None) -> str | None:
     """A note when the 1-minute load average (other jobs) fills the machine's CPUs; None otherwise."""
     try:
         load = os.getloadavg()[0] if load is None else load
@@ -165,10 +165,8 @@ def busy_note(load: float | None = None, cpus: int | None = None) -> str | None:
     cpus = cpus or os.cpu_count() or 1
     if load < cpus:
         return None
-    return (
-        f"this machine looks busy (load average {load:.1f} on {cpus} CPU(s)): timings will be slow and noisy, and "
-        f"fewer threads are often faster here (try --threads 1)"
-    )
+    advice = "" if threads == 1 else ", and fewer threads are often faster here (try --threads 1)"
+    return f"this machine looks busy (load average {load:.1f} on {cpus} CPU(s)): timings will be slow and noisy{advice}"
 
 
 def warn_if_oversubscribed(current: ThreadPlacement | None = None) -> ThreadPlacement:

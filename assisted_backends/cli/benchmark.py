@@ -95,6 +95,9 @@ def run_pairs(
 ) -> tuple[list[float], bool]:
     """Call `measure_pair(i)` (returns one pair's speedup) at least `min_pairs` times, then until the median's
     interval settles or `time_limit` seconds have passed (0: exactly `min_pairs`). Returns (speedups, settled)."""
+    from assisted_backends.rank_agreement import RankAgreement, rank0_decides
+
+    ranks = RankAgreement.current()  # under a launcher every rank must run as many pairs: rank 0's timings decide
     started = clock()
     speedups: list[float] = []
     while True:
@@ -102,7 +105,7 @@ def run_pairs(
         if len(speedups) < min_pairs:
             continue
         settled = is_settled(*median_interval(speedups))
-        if settled or time_limit <= 0 or clock() - started >= time_limit:
+        if rank0_decides(ranks, len(speedups), int(settled or time_limit <= 0 or clock() - started >= time_limit)):
             return speedups, settled
 
 
@@ -224,7 +227,12 @@ def run_benchmark(session: Session, rows: list[dict]) -> str:
             row["speedup_interval_text"] = f"{low:.2f}-{high:.2f}"
             row["settled_text"] = "yes" if settled else f"NO: spread > effect after {args.time_limit:g} s"
         rows.append(row)
-        print(f"case {example + 1}/{len(cases)} done: {prompt_length} + {new_tokens} tokens", file=sys.stderr)
+        result = (
+            f", speedup {row['speedup']:.2f}x ({row['speedup_interval_text']}, {len(speedups)} pairs)"
+            if args.compare
+            else ""
+        )
+        print(f"case {example + 1}/{len(cases)} done: {prompt_length} + {new_tokens} tokens{result}", file=sys.stderr)
     return sample
 
 

@@ -271,7 +271,9 @@ def test_missing_default_draft_is_reported_at_once_without_network(pair, tmp_pat
 # 8. Startup -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["--max-new-tokens", "x"], ["--compare"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["--max-new-tokens", "x"], ["--compare"], ["-m", "/nonexistent/model", "--no-assisted"]]
+)
 def test_help_and_flag_errors_answer_before_importing_torch(argv):
     run = _cli(*argv, PYTHONPROFILEIMPORTTIME="1")
     imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}

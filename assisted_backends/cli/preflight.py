@@ -48,10 +48,12 @@ def read_prompt_file(path: str) -> str:
 
 
 def check_model_path(name: str | None, flag: str) -> None:
-    """A path that exists as a plain file must be a .gguf (a Hub id or a directory is checked on loading)."""
+    """An absolute or ./~ path must exist, and a plain file must be a .gguf (Hub ids are checked on loading)."""
     if name is None:
         return
-    path = Path(name)
+    path = Path(name).expanduser()
+    if (path.is_absolute() or name.startswith((".", "~"))) and not path.exists():  # a path, not a Hub id
+        raise CLIError(f"{flag} directory {name} does not exist; give a model directory, a .gguf file or a Hub id")
     if path.is_file() and path.suffix.lower() != ".gguf":
         raise CLIError(f"{flag} {name}: is a file, not a model; give a model directory, a .gguf file or a Hub id")
 

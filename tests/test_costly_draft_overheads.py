@@ -77,3 +77,14 @@ def test_costly_probes_run_rarely_enough_to_stay_within_the_budget():
         schedule.update(RoundObservation(gamma, 0, 3.0 * gamma, 1.0))
     assert schedule.probe_interval() >= 150
     assert schedule.chosen[5:].count(1) <= 1
+
+
+@pytest.mark.parametrize("cost_prior,explored", [(None, 3), (0.05, 3), (0.4, 1), (0.6, 1)])
+def test_exploration_drafts_one_token_with_a_costly_draft(cost_prior, explored):
+    """After the two plain rounds the first speculative round drafts 3 tokens, or 1 when the draft has
+    ≥ 25% of the target's parameters (early exit at 12 of 30 layers, SmolLM2 drafting for Gemma 3)."""
+    schedule = AdaptiveSchedule(max_gamma=8, cost_prior=cost_prior)
+    for _ in range(2):
+        assert schedule.draft_length() == 0
+        schedule.update(RoundObservation(0, 0, 0.0, 1.0))
+    assert schedule.draft_length() == explored

@@ -25,6 +25,7 @@ from typing import Protocol
 
 SCHEDULE_NAMES = ("adaptive", "constant")
 NEVER_PAYS_COST_RATIO = 0.9  # draft parameters / target parameters from which speculation is not tried
+COSTLY_DRAFT_RATIO = 0.25  # from this parameter ratio on, exploration drafts 1 token, not 3 (it costs γc steps)
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ class AdaptiveSchedule:
     def __init__(
         self,
         max_gamma: int = 8,
-        initial: int = 3,
+        initial: int | None = None,  # None: 3, or 1 for a draft with cost_prior >= COSTLY_DRAFT_RATIO
         max_probe_interval: int = 256,  # a costly probe (a deep draft catching up on the plain rounds) stays rare
         probe_budget: float = 0.02,
         margin: float = 0.03,
@@ -195,6 +196,8 @@ class AdaptiveSchedule:
         if max_gamma < 1:
             raise ValueError(f"num_assistant_tokens (the adaptive schedule's maximum γ) must be >= 1, got {max_gamma}")
         self.max_gamma = max_gamma
+        if initial is None:
+            initial = 1 if cost_prior is not None and cost_prior >= COSTLY_DRAFT_RATIO else 3
         self.initial = min(initial, max_gamma)
         self.max_probe_interval = max_probe_interval
         self.probe_budget = probe_budget

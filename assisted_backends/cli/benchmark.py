@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import statistics
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from assisted_backends.cli.preflight import INSTALL_PLOT
 from assisted_backends.cli.session import Session
+from assisted_backends.cli.spread import INTERVAL_COVERAGE, median_interval, run_pairs
 
-INTERVAL_COVERAGE = 0.9  # of the order-statistic interval around the median pair speedup
-NO_EFFECT_BAND = (0.95, 1.05)  # an interval inside it settles as "no difference"
 DEFAULT_PROMPT_LENGTHS = (256, 512)
 DEFAULT_NEW_TOKENS = (64, 128, 256, 512, 1024)
 QUICK_PROMPT_LENGTHS = (128,)
@@ -68,45 +64,6 @@ class Measurement:
     mean_accepted_length: float | None
     tokens_per_speculative_round: float | None = None
     plain_round_share: float | None = None
-
-
-def median_interval(values: list[float], coverage: float = INTERVAL_COVERAGE) -> tuple[float, float]:
-    """An interval holding the median with probability >= `coverage` (order statistics x_(k), x_(n+1-k), the
-    largest k with P(Binomial(n, 1/2) < k) <= (1 - coverage) / 2); min-max while n is too small for that."""
-    ordered = sorted(values)
-    n = len(ordered)
-    k, tail = 0, 0.0
-    while k < n // 2:
-        tail_next = tail + math.comb(n, k) / 2**n
-        if tail_next > (1 - coverage) / 2:
-            break
-        tail, k = tail_next, k + 1
-    k = max(k, 1)
-    return ordered[k - 1], ordered[n - k]
-
-
-def is_settled(low: float, high: float) -> bool:
-    """The interval excludes 1 (a speedup or a slowdown), or lies inside the no-effect band."""
-    return low > 1.0 or high < 1.0 or (NO_EFFECT_BAND[0] <= low and high <= NO_EFFECT_BAND[1])
-
-
-def run_pairs(
-    measure_pair: Callable[[int], float], min_pairs: int, time_limit: float, clock: Callable[[], float] = time.monotonic
-) -> tuple[list[float], bool]:
-    """Call `measure_pair(i)` (returns one pair's speedup) at least `min_pairs` times, then until the median's
-    interval settles or `time_limit` seconds have passed (0: exactly `min_pairs`). Returns (speedups, settled)."""
-    from assisted_backends.rank_agreement import RankAgreement, rank0_decides
-
-    ranks = RankAgreement.current()  # under a launcher every rank must run as many pairs: rank 0's timings decide
-    started = clock()
-    speedups: list[float] = []
-    while True:
-        speedups.append(measure_pair(len(speedups)))
-        if len(speedups) < min_pairs:
-            continue
-        settled = is_settled(*median_interval(speedups))
-        if rank0_decides(ranks, len(speedups), int(settled or time_limit <= 0 or clock() - started >= time_limit)):
-            return speedups, settled
 
 
 def prompt_source(session: Session) -> list[int]:

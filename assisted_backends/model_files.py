@@ -37,7 +37,7 @@ def cache_root() -> Path:
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(GGUF_SUFFIX)
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.lower().endswith(GGUF_SUFFIX)
 
 
 def find_gguf(name: str | os.PathLike, what: str = "model") -> Path | None:
@@ -45,12 +45,12 @@ def find_gguf(name: str | os.PathLike, what: str = "model") -> Path | None:
     `config.json`. None for a saved model directory or a Hub id; a one-line error for anything else."""
     path = Path(name).expanduser()
     if path.is_file():
-        if path.suffix != GGUF_SUFFIX:
+        if path.suffix.lower() != GGUF_SUFFIX:
             raise ModelFileError(f"{what} {path} is not a .gguf file; pass a saved model directory or a .gguf file")
         return path
     if not path.is_dir():
         if path.exists() or _looks_like_path(str(name)):
-            kind = "file" if path.suffix == GGUF_SUFFIX else "directory"
+            kind = "file" if path.suffix.lower() == GGUF_SUFFIX else "directory"
             raise ModelFileError(f"{what} {kind} {path} does not exist; pass a saved model directory or a .gguf file")
         return None
     if (path / "config.json").is_file():

@@ -192,3 +192,16 @@ def test_parameter_ratio_counts_a_quantized_draft_as_unquantized(method):
     assert sum(p.numel() for p in draft.parameters()) < 0.9 * sum(p.numel() for p in target.parameters())
     assert drafting.parameter_ratio(drafting.DraftSpec(assistant_model=draft), target) == pytest.approx(1.0)
     assert drafting.logical_parameter_count(draft) == drafting.logical_parameter_count(target)
+
+
+def test_default_w8af32_path_avoids_the_deprecated_torch_ao_quantization():
+    """The default path is a maintained core op (`aten._weight_int8pack_mm`): no torch.ao modules, no warning."""
+    import warnings
+
+    target, _ = pair("llama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        draft = quantize.quantize_w8af32(target)
+    kinds = {type(module).__module__ for module in draft.modules()}
+    assert not any(kind.startswith("torch.ao") for kind in kinds), kinds
+    assert any(isinstance(module, quantize.Int8PackedLinear) for module in draft.modules())

@@ -2,15 +2,23 @@
 every module boundary.
 
 Two compute paths, both PyTorch's own kernels; which one is the default was measured on this
-machine (benchmarks/xeon_draft_step.py, results in benchmarks/results/xeon_draft_step.json):
+machine (benchmarks/w8af32_paths.py -> benchmarks/results/w8af32_paths.json, and
+benchmarks/xeon_draft_step.py):
 
-- "dynamic" (default): `torch.ao.quantization.quantize_dynamic` with per-channel int8 weights. Each
-  linear quantizes its fp32 input on the fly (one scale per call), multiplies in int8 with fbgemm /
-  oneDNN (VNNI or AMX-INT8 where the CPU has them) and returns fp32.
-- "int8pack": weight-only int8 with bf16 compute inside, `torch.ops.aten._weight_int8pack_mm` (the
-  kernel torchao and gpt-fast use). PyTorch ships the op but no module around it, so the small
-  `Int8PackedLinear` below is the one piece written here. The op reads garbage (or crashes) when the
-  input width is not a multiple of 16 on the CPU, so such layers keep their fp32 weights.
+- "int8pack" (default): weight-only int8 with bf16 compute inside, `torch.ops.aten._weight_int8pack_mm`
+  (a maintained core op; the kernel torchao's int8 weight-only path and gpt-fast lower to). PyTorch
+  ships the op but no module around it, so the small `Int8PackedLinear` below is the one piece
+  written here. The op reads garbage (or crashes) when the input width is not a multiple of 16 on
+  the CPU, so such layers keep their fp32 weights. Activations stay unquantized, so the draft agrees
+  with its fp32 self as often as before: SmolLM2-135M verifying its own int8pack copy accepted 90% of
+  drafts, its `dynamic` copy 45%.
+- "dynamic": `torch.ao.quantization.quantize_dynamic` with per-channel int8 weights; each linear also
+  quantizes its fp32 input on the fly and multiplies int8 x int8 (fbgemm / oneDNN). Faster per step
+  (0.39x fp32 against int8pack's 0.56x on SmolLM2 here) but `torch.ao.quantization` is deprecated
+  (slated for removal) and the activation rounding costs acceptance on real models. Opt in with
+  `assisted_backends.xeon.quantize.DEFAULT_METHOD = "dynamic"` while this torch still has it.
+- torchao (`Int8WeightOnlyConfig`) was measured too: 1.8x *slower* than fp32 in eager mode here (its
+  CPU speed needs `torch.compile` with freezing); it is not used.
 
 What is never done: int8 weights dequantized to fp32 for every call (4-5x slower than fp32 here).
 Transformers' GPT-2 style `Conv1D` layers (weights stored [in, out]) become `nn.Linear` first so both
@@ -26,7 +34,7 @@ import torch
 from torch import nn
 
 METHODS = ("dynamic", "int8pack")
-DEFAULT_METHOD = "dynamic"
+DEFAULT_METHOD = "int8pack"
 QUANTIZED_ATTRIBUTE = "_assisted_backends_w8af32"  # set on a quantized model: the method used
 
 

@@ -7,12 +7,15 @@ LOCAL_RANK; `launch_context()` reads them. The flow a front end follows:
     if context is not None:
         init_distributed(context, device)    # hccl on hpu, gloo on cpu
         target = shard_target(target, context)
-    seed = common_seed(seed)                 # every rank must draw the same random numbers
     ... assisted_backends.generate(target, ..., assistant_model=draft, seed=seed)
     if is_main_process(): print(...)
 
 Every rank runs the whole loop on identical tokens: the sharded forward all-reduces inside the
 target, so logits (and thus accept decisions) agree across ranks and shapes stay in lockstep.
+`generate` itself makes every other decision the same on every rank (rank 0's seed when none is
+given, rank 0's γ under the adaptive schedule) and checks the rest: `rank_agreement`. Every
+collective, the target's all-reduces included, is bounded by `ASSISTED_BACKENDS_COLLECTIVE_TIMEOUT_S`
+(default 300 s; also the bound on joining the group): a stuck peer ends the run with an error.
 deepspeed (and habana_frameworks on hpu) are imported inside these functions only.
 """
 
@@ -21,8 +24,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
+
+from assisted_backends.rank_agreement import collective_timeout_s
 
 DIST_BACKENDS = {"hpu": "hccl", "cpu": "gloo", "cuda": "nccl"}
 _INSTALL_HINT = "pip install assisted_backends[deepspeed]"
@@ -104,7 +110,12 @@ def _check_no_shared_memory_kernel(deepspeed) -> None:
 
 
 def init_distributed(context: LaunchContext, device: str) -> None:
-    """Join the process group: `hccl` on hpu, `gloo` on cpu (`nccl` on cuda). Idempotent."""
+    """Join the process group: `hccl` on hpu, `gloo` on cpu (`nccl` on cuda). Idempotent.
+
+    The group's timeout, which bounds joining it and every collective on it (the target's
+    all-reduces), is `collective_timeout_s()` (`ASSISTED_BACKENDS_COLLECTIVE_TIMEOUT_S`, default 300 s).
+    """
+    timeout = timedelta(seconds=collective_timeout_s())  # a bad value fails here, before any peer waits
     if device not in DIST_BACKENDS:
         raise ValueError(f"device={device!r} has no distributed backend; choose one of {sorted(DIST_BACKENDS)}")
     if device == "hpu":
@@ -117,7 +128,11 @@ def init_distributed(context: LaunchContext, device: str) -> None:
     deepspeed = _import_deepspeed(device)
     _skip_shared_memory_all_reduce(deepspeed)
     deepspeed.init_distributed(
-        dist_backend=DIST_BACKENDS[device], rank=context.rank, world_size=context.world_size, verbose=False
+        dist_backend=DIST_BACKENDS[device],
+        rank=context.rank,
+        world_size=context.world_size,
+        verbose=False,
+        timeout=timeout,
     )
     _check_no_shared_memory_kernel(deepspeed)
     world = torch.distributed.get_world_size()
@@ -152,13 +167,43 @@ def shard_target(model: torch.nn.Module, context: LaunchContext, dtype: torch.dt
     import deepspeed  # imported by init_distributed already; a cheap lookup here
 
     dtype = dtype or next(model.parameters()).dtype
+    # DeepSpeed would create its tensor-parallel group with torch's default timeout (30 min); the group
+    # handed over here bounds the target's all-reduces by ASSISTED_BACKENDS_COLLECTIVE_TIMEOUT_S instead.
+    group = torch.distributed.new_group(timeout=timedelta(seconds=collective_timeout_s()))
+    deepspeed.get_accelerator().set_device(context.local_rank)  # what DeepSpeed does when it makes the group
     engine = deepspeed.init_inference(
         model,
-        tensor_parallel={"tp_size": context.world_size},
+        # `mpu` stops DeepSpeed from making a group of its own, `tp_group` is what the sharded layers all-reduce over
+        tensor_parallel={"tp_size": context.world_size, "mpu": _ModelParallelUnit(group), "tp_group": group},
         dtype=dtype,
         replace_with_kernel_inject=False,
     )
     return engine.module
+
+
+class _ModelParallelUnit:
+    """DeepSpeed's `mpu` protocol for one tensor-parallel group over every rank (no data parallelism)."""
+
+    def __init__(self, group) -> None:
+        self.group = group
+
+    def get_model_parallel_group(self):
+        return self.group
+
+    def get_model_parallel_rank(self) -> int:
+        return torch.distributed.get_rank(self.group)
+
+    def get_model_parallel_world_size(self) -> int:
+        return torch.distributed.get_world_size(self.group)
+
+    def get_data_parallel_group(self):
+        return None
+
+    def get_data_parallel_rank(self) -> int:
+        return 0
+
+    def get_data_parallel_world_size(self) -> int:
+        return 1
 
 
 def common_seed(seed: int | None) -> int | None:
@@ -166,6 +211,7 @@ def common_seed(seed: int | None) -> int | None:
 
     Sampling ranks that draw different numbers would feed different tokens into one collective
     forward; a shared seed keeps them in lockstep. Outside a process group `seed` is returned as is.
+    `generate` already does this itself (`rank_agreement`); this is for code that samples outside it.
     """
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return seed
@@ -175,3 +221,18 @@ def common_seed(seed: int | None) -> int | None:
     chosen = torch.randint(0, 2**31 - 1, (1,), device=device)
     torch.distributed.broadcast(chosen, src=0)
     return int(chosen)
+
+
+def per_rank_path(path: str | None) -> str | None:
+    """An output path for this rank: `{rank}` in it is replaced by the rank (0 in a single process);
+    a path without `{rank}` is rank 0's alone (None on the other ranks)."""
+    if path is None:
+        return None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank = torch.distributed.get_rank()
+    else:
+        context = launch_context()
+        rank = 0 if context is None else context.rank
+    if "{rank}" in path:
+        return path.replace("{rank}", str(rank))
+    return path if rank == 0 else None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from assisted_backends import drafting, input_checks, model_files
+from assisted_backends import drafting, input_checks, model_files, rank_agreement
 from assisted_backends.backends.base import Backend, BackendOptions
 from assisted_backends.backends.registry import resolve_backend
 from assisted_backends.core import generation_options, hf_compat, model_state, stopping
@@ -169,6 +169,10 @@ def generate(
     generation_options.check_length(model, "target", real_prompt, max_new_tokens, cache_length)
     if assistant_model is not None and spec.tokenizer is None:  # same-vocabulary draft: it sees every position
         generation_options.check_length(assistant_model, "assistant_model", real_prompt, max_new_tokens, cache_length)
+    ranks = rank_agreement.RankAgreement.current()  # multi-rank launch: same seed, γ, tokens (None: one process)
+    if ranks is not None:
+        checked = [max_new_tokens, capacity, cache_length, policy.bucket, max_gamma, int(policy.fixed_draft_length)]
+        seed = ranks.start(seed, sampling.do_sample, input_ids, checked)
 
     with model_state.restored(model, assistant_model):  # training mode back as it was after the call
         target = backend.prepare(model, "target")
@@ -194,23 +198,24 @@ def generate(
         )
         if sink is not None:
             sink.start(input_ids)
-        decode(
-            target=runner(target),
-            drafter=drafter,
-            buffer=buffer,
-            selector=TokenSelector(sampling, processors, offset=bucket_pad),
-            schedule=draft_schedule if drafter else None,
-            generator=backend.generator(seed),
-            settings=LoopSettings(
-                max_new_tokens,
-                eos_tensor,
-                policy.fixed_draft_length,
-                backend.synchronize,
-                stop=stopping.StopCheck(criteria, offset=bucket_pad) if criteria else None,
-                on_commit=sink.commit if sink is not None else None,
-            ),
-            stats=stats,
-        )
+        with rank_agreement.watched(ranks, buffer, stats):  # multi-rank: errors name rank and step; tokens compared
+            decode(
+                target=runner(target),
+                drafter=drafter,
+                buffer=buffer,
+                selector=TokenSelector(sampling, processors, offset=bucket_pad),
+                schedule=(ranks.schedule(draft_schedule) if ranks else draft_schedule) if drafter else None,
+                generator=backend.generator(seed),
+                settings=LoopSettings(
+                    max_new_tokens,
+                    eos_tensor,
+                    policy.fixed_draft_length,
+                    backend.synchronize,
+                    stop=stopping.StopCheck(criteria, offset=bucket_pad) if criteria else None,
+                    on_commit=sink.commit if sink is not None else None,
+                ),
+                stats=stats,
+            )
     if sink is not None:
         sink.end()
     return GenerateResult(sequences=buffer.committed()[:, bucket_pad:].clone(), stats=stats)

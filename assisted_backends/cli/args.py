@@ -51,7 +51,7 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         "--model",
         dest="model",
         default=None,
-        help="target: a local directory or a Hub id (default: the embedded demo pair)",
+        help="target: a local directory, a .gguf file (or a folder holding one) or a Hub id (default: the demo pair)",
     )
     models.add_argument(
         *_both("assistant_model"),

@@ -124,9 +124,9 @@ def test_smollm2_early_exit_greedy(smollm2):
 
 
 def test_smollm2_w8af32_self_draft_greedy(smollm2):
-    """The target drafting for itself with int8 weights and dynamically quantized int8 activations: exact,
-    and a fair share of drafts accepted (about half here: the activation quantization costs a 135M model
-    more than its weights' int8 rounding)."""
+    """The target drafting for itself with int8 linear weights (the default w8af32 method): exact, and most
+    drafts accepted (about 0.9 measured; the opt-in "dynamic" method, which also quantizes activations,
+    gets about 0.45 on this 135M model)."""
     model, tokenizer = smollm2
     ids = _chat_ids(tokenizer, "Explain what a linked list is in two sentences.")
     result = assisted_backends.generate(
@@ -140,7 +140,7 @@ def test_smollm2_w8af32_self_draft_greedy(smollm2):
         do_sample=False,
     )
     _assert_identical(tokenizer, ids.shape[1], _plain(model, ids, 24), result)
-    assert result.stats.acceptance_rate is not None and result.stats.acceptance_rate > 0.25
+    assert result.stats.acceptance_rate is not None and result.stats.acceptance_rate > 0.6
     assert next(model.parameters()).dtype == torch.float32  # the caller's model was not quantized in place
 
 

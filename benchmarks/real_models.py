@@ -137,15 +137,15 @@ def prompt_ids(tokenizer, task: str) -> torch.Tensor:
     return tokenizer(text, return_tensors="pt").input_ids
 
 
-def step_time(model, prompt: torch.Tensor, repeats: int = 9) -> float:
-    """Median seconds of one single-token forward on a warm cache after `prompt`."""
+def step_time(model, prompt: torch.Tensor, repeats: int = 9, query: int = 1) -> float:
+    """Median seconds of one forward over `query` tokens on a warm cache after `prompt`."""
     cache = hf_compat.new_dynamic_cache(model)
     with torch.inference_mode():
         model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
         samples = []
         for _ in range(repeats):
             start = time.perf_counter()
-            model(input_ids=prompt[:, -1:], past_key_values=cache, use_cache=True)
+            model(input_ids=prompt[:, -query:], past_key_values=cache, use_cache=True)
             samples.append(time.perf_counter() - start)
             hf_compat.crop_dynamic_cache(cache, prompt.shape[1])
     return statistics.median(samples)
@@ -154,7 +154,9 @@ def step_time(model, prompt: torch.Tensor, repeats: int = 9) -> float:
 # --- methods ---------------------------------------------------------------------------------------
 
 
-def methods(pair: str, dtype: torch.dtype, task: str, new_tokens: int, gammas: list[int], llama_cpp: bool):
+def methods(
+    pair: str, dtype: torch.dtype, task: str, new_tokens: int, gammas: list[int], llama_cpp: bool, heuristic: bool
+):
     """{method name: () -> list of new token ids (or None)}, the prompt, and the drafter's cost ratio c."""
     target_name, kind, argument = PAIRS[pair]
     target, tokenizer = load(target_name, dtype)
@@ -194,10 +196,12 @@ def methods(pair: str, dtype: torch.dtype, task: str, new_tokens: int, gammas: l
         cases["hf_assisted"] = hf(**hf_draft)
     else:
         cases["hf_assisted"] = hf(**hf_draft, num_assistant_tokens=gammas[-1], num_assistant_tokens_schedule="constant")
-        cases["hf_assisted_heuristic"] = hf(**hf_draft)  # transformers' default schedule
+        if heuristic:
+            cases["hf_assisted_heuristic"] = hf(**hf_draft)  # transformers' default γ schedule
     if llama_cpp and dtype == torch.float32:
         cases.update(llama_cpp_methods(target_name, tokenizer, prompt, new_tokens, kind == "lookup"))
-    return cases, prompt, c, t_target
+    verify_ratio = step_time(target, prompt, query=gammas[-1] + 1) / t_target
+    return cases, prompt, c, t_target, verify_ratio
 
 
 def llama_cpp_methods(target_name: str, tokenizer, prompt, new_tokens: int, lookup: bool):
@@ -249,8 +253,14 @@ def tokens_of(output) -> list[int]:
 
 def measure(pair: str, dtype: str, threads: int, task: str, args) -> dict:
     torch.set_num_threads(threads)
-    cases, prompt, c, t_target = methods(
-        pair, DTYPES[dtype], task, args.new_tokens, args.gammas, args.llama_cpp and not args.no_llama_cpp
+    cases, prompt, c, t_target, verify_ratio = methods(
+        pair,
+        DTYPES[dtype],
+        task,
+        args.new_tokens,
+        args.gammas,
+        args.llama_cpp and not args.no_llama_cpp,
+        args.hf_heuristic,
     )
     outputs = {name: run() for name, run in cases.items()}  # warm-up and identity
     reference = tokens_of(outputs["hf_plain"])
@@ -293,6 +303,7 @@ def measure(pair: str, dtype: str, threads: int, task: str, args) -> dict:
         "tokens_per_round_E": round(tokens_per_round, 3),
         "c": round(c, 3),
         "t_target_step_ms": round(1000 * t_target, 2),
+        "verify_cost_in_steps": round(verify_ratio, 3),  # one target pass over γ + 1 tokens / one decode step
         "S": round(leviathan_speedup(alpha, gamma, c), 3),
         "S_E": round(limit, 3),
         "speedup_best_constant": round(speedup, 3),
@@ -335,7 +346,8 @@ def main() -> None:
     parser.add_argument("--threads", nargs="+", type=int, default=[1])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gammas", nargs="+", type=int, default=[2, 4], help="constant γ tried for model drafts")
+    parser.add_argument("--gammas", nargs="+", type=int, default=[4], help="constant γ tried for model drafts")
+    parser.add_argument("--hf-heuristic", action="store_true", help="also transformers' default γ schedule")
     parser.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
     parser.add_argument("--quick", action="store_true", help="edit task, 32 new tokens, 2 repeats, γ 4 only")
     parser.add_argument("--out", default=None)

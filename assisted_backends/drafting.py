@@ -21,9 +21,10 @@ from assisted_backends.core.early_exit import early_exit_view
 from assisted_backends.core.prompt_lookup import PromptLookupDrafter
 from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.token_bytes import codec_for
-from assisted_backends.core.translating_drafter import TranslatingDrafter
+from assisted_backends.core.translating_drafter import DEFAULT_PREFILL_WINDOW, TranslatingDrafter
 
 RunnerFactory = Callable[[PreTrainedModel], ModelRunner]
+CHEAP_DRAFT_RATIO = 0.1  # parameter ratio below which a draft of another tokenizer reads the whole prompt
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,11 @@ def build_drafter(
                 "static_shapes=True with a draft of another tokenizer is not supported: its re-tokenized proposals "
                 "and contexts vary in length; drop static_shapes or use a draft sharing the target's tokenizer"
             )
+        ratio = parameter_ratio(spec, target)
+        cheap = ratio is not None and ratio < CHEAP_DRAFT_RATIO  # its prompt pass costs little: let it read all
         return TranslatingDrafter(
             make_runner(prepared_draft),
+            prefill_window=None if cheap else DEFAULT_PREFILL_WINDOW,
             target=codec_for(spec.tokenizer),
             draft=codec_for(spec.assistant_tokenizer),
             target_vocab=vocab_size(target),

@@ -88,3 +88,30 @@ def test_exploration_drafts_one_token_with_a_costly_draft(cost_prior, explored):
         assert schedule.draft_length() == 0
         schedule.update(RoundObservation(0, 0, 0.0, 1.0))
     assert schedule.draft_length() == explored
+
+
+def test_a_cheap_draft_of_another_tokenizer_reads_the_whole_prompt(tokenizers):
+    """Below 10% of the target's parameters the draft's prompt pass costs little: no window."""
+    target_tokenizer, draft_tokenizer = tokenizers
+    target = tiny_model("llama", seed=0, vocab=len(target_tokenizer), max_positions=512, hidden=256, layers=4)
+    draft = tiny_model("gpt2", seed=1, vocab=len(draft_tokenizer), hidden=16, layers=1, max_positions=512)
+    assert drafting.parameter_ratio(drafting.DraftSpec(assistant_model=draft), target) < drafting.CHEAP_DRAFT_RATIO
+    text = " ".join(f"word{i} and the quick brown fox {i * 7}" for i in range(20))
+    ids = target_tokenizer(text, return_tensors="pt").input_ids
+    lengths = []
+    hook = draft.register_forward_pre_hook(
+        lambda m, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        generate(
+            target,
+            ids,
+            assistant_model=draft,
+            tokenizer=target_tokenizer,
+            assistant_tokenizer=draft_tokenizer,
+            max_new_tokens=4,
+            num_assistant_tokens=2,
+        )
+    finally:
+        hook.remove()
+    assert lengths[0] >= len(draft_tokenizer(text).input_ids) - 2

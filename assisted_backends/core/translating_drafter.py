@@ -8,12 +8,12 @@ vocabulary, so the loop's ordinary rejection sampling stays lossless.
 In both modes the draft's context follows the committed target tokens through `DraftContext`, and
 its KV cache is rolled back to the longest prefix it shares with the new context.
 
-The draft's first pass reads at most the last `prefill_window` committed target tokens (plus a
-leading special token such as BOS): a draft of another family is often as deep as the target, and
-its prompt pass is paid before the schedule knows whether speculation pays at all (on Gemma 3 270M
-with SmolLM2-135M a 465-token prompt cost the draft 2.4x the target's own prefill). What is
-generated afterwards is all seen; proposals stay exactly verified, so this only changes how often
-the draft is right.
+A costly draft (`drafting.build_drafter`: ≥ 10% of the target's parameters) first reads only the last
+`prefill_window` committed target tokens (plus a leading special token such as BOS): a draft of
+another family is often as deep as the target, and its prompt pass is paid before the schedule knows
+whether speculation pays at all (on Gemma 3 270M with SmolLM2-135M a 465-token prompt cost the draft
+2.4x the target's own prefill). What is generated afterwards is all seen; proposals stay exactly
+verified, so this only changes how often the draft is right.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from assisted_backends.core.tokens import TokenBuffer
 from assisted_backends.core.translation import DEFAULT_TAIL, DEFAULT_WINDOW, DraftContext, translate_proposal
 from assisted_backends.core.vocab_mapping import VocabIntersection, intersection_of
 
-DEFAULT_PREFILL_WINDOW = 64  # prompt tokens (the target's) the draft reads before its first proposal
+DEFAULT_PREFILL_WINDOW = 32  # committed tokens (the target's) a costly draft reads before its first proposal
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

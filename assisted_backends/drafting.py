@@ -131,10 +131,12 @@ def logical_parameter_count(model: torch.nn.Module) -> int:
 
 def parameter_ratio(spec: DraftSpec, target: PreTrainedModel) -> float | None:
     """Draft parameters / target parameters, counted as unquantized (`logical_parameter_count`): the
-    schedule's prior for the cost ratio c (None: no draft model)."""
+    schedule's prior for the cost ratio c (0 for prompt lookup; None: no drafter)."""
     if spec.assistant_early_exit is not None:
         depth = target.config.get_text_config().num_hidden_layers
         return spec.assistant_early_exit / depth
+    if spec.prompt_lookup_num_tokens is not None:
+        return 0.0  # no draft model: a proposal costs a lookup, not a forward pass
     if spec.assistant_model is None:
         return None
     return logical_parameter_count(spec.assistant_model) / logical_parameter_count(target)

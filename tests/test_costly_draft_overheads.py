@@ -115,3 +115,15 @@ def test_a_cheap_draft_of_another_tokenizer_reads_the_whole_prompt(tokenizers):
     finally:
         hook.remove()
     assert lengths[0] >= len(draft_tokenizer(text).input_ids) - 2
+
+
+def test_a_free_drafter_speculates_from_the_first_round():
+    """Prompt lookup (cost prior 0) needs no plain rounds to measure the target first: a lookup miss is one."""
+    schedule = AdaptiveSchedule(max_gamma=10, cost_prior=0.0)
+    assert schedule.draft_length() == 3
+    assert AdaptiveSchedule(max_gamma=10, cost_prior=0.05).draft_length() == 0
+    target = tiny_model("llama", seed=0)
+    prompt = torch.arange(20)[None].repeat(1, 3)
+    assert drafting.parameter_ratio(drafting.DraftSpec(prompt_lookup_num_tokens=5), target) == 0.0
+    result = generate(target, prompt, prompt_lookup_num_tokens=5, max_new_tokens=12)
+    assert torch.equal(result.sequences, reference_greedy(target, prompt, 12))

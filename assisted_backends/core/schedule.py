@@ -202,6 +202,7 @@ class AdaptiveSchedule:
         self.max_probe_interval = max_probe_interval
         self.probe_budget = probe_budget
         self.never = cost_prior is not None and cost_prior >= NEVER_PAYS_COST_RATIO
+        self.free = cost_prior == 0.0  # no draft model (prompt lookup): trying costs only the verify pass
         self.margin = margin
         self.acceptance = _PositionAcceptance(max_gamma, decay)
         self.draft_step = _Ema(0.3)  # t_d
@@ -231,8 +232,8 @@ class AdaptiveSchedule:
     def draft_length(self) -> int:
         if self.never:
             gamma = 0  # a draft about as costly as the target: S <= (γ+1)/(γc+1) <= 1 for c >= 1
-        elif self.verify.samples(1) < 2:
-            gamma = 0  # measure t_v(1), twice: plain rounds cost nothing extra
+        elif self.verify.samples(1) < 2 and not self.free:
+            gamma = 0  # measure t_v(1), twice: plain rounds cost nothing extra (a free drafter starts at once)
         elif self.draft_step.samples == 0 or (self.draft_step.samples == 1 and self.acceptance.any_accepted()):
             # measure α_i, t_d and t_v(initial + 1): one round for a draft that got nothing right,
             # two for one that did, so that a single warm-up-inflated time does not end speculation

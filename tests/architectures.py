@@ -207,14 +207,3 @@ def build(model_type: str, seed: int, eos_token_id: int | None = None, **changes
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     return model.eval()
-
-
-def noisy_copy(model: PreTrainedModel, seed: int, scale: float) -> PreTrainedModel:
-    """Same architecture and weights plus Gaussian noise: a draft with partial acceptance."""
-    torch.manual_seed(seed)
-    copy = type(model)(model.config).eval()
-    copy.load_state_dict(model.state_dict())
-    with torch.no_grad():
-        for parameter in copy.parameters():
-            parameter.add_(scale * parameter.std().nan_to_num(0.0) * torch.randn_like(parameter))
-    return copy

@@ -30,9 +30,9 @@ from architectures import (
     WINDOW,
     UnknownArchitecture,
     build,
-    noisy_copy,
     refused_here,
 )
+from tiny_models import noisy_copy
 
 from assisted_backends import generate
 

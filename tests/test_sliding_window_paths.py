@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 from any_draft_fixtures import PROMPTS, saved_tokenizers
-from architectures import HYBRID_ARCHS, SLIDING_ARCHS, build, noisy_copy, refused_here
+from architectures import HYBRID_ARCHS, SLIDING_ARCHS, build, refused_here
 from fakes import habana_fake
 from stats_tools import NEW, PROMPT, V, assert_same_distribution, exact_joint, sample_counts
 from test_architecture_matrix import NEW_TOKENS, PROMPT_LENGTH, repetitive_prompt
 from test_cuda_graphs import CUDABackendOnCPU
 from test_hpu_backend import CPUPlacedHPUBackend
+from tiny_models import noisy_copy
 from transformers.generation.logits_process import LogitsProcessorList, TopKLogitsWarper
 
 from assisted_backends import generate

@@ -53,6 +53,7 @@ def write_llama_gguf(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast
     head_dim = config.hidden_size // config.num_attention_heads
     rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
     writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(path.stem)  # transformers 4.51 reads general.name
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# IPEX lane: the whole test suite on the stack Intel validated for intel-extension-for-pytorch 2.8
+# IPEX lane: the default test suite (not slow, not distributed) on the stack Intel validated for intel-extension-for-pytorch 2.8
 # (its last release): torch 2.8.0 + IPEX 2.8.0 + transformers 4.51.3.
 #
 # Builds its virtual environment from scratch (about 3 minutes and 7 GB here: the torch 2.8.0 wheel

@@ -24,6 +24,17 @@ def restored(*models: torch.nn.Module | None) -> Iterator[None]:
     finally:
         for module, training in saved:
             module.training = training
+        for model in models:  # a submodule a backend put in place (IPEX's in-place rewrite) takes its parent's flag
+            if model is not None:
+                _inherit_training(model, {id(module) for module, _ in saved})
+
+
+def _inherit_training(module: torch.nn.Module, known: set[int]) -> None:
+    for child in module.children():
+        if id(child) not in known:
+            child.train(module.training)
+        else:
+            _inherit_training(child, known)
 
 
 def evaluation_mode(*models: torch.nn.Module | None) -> None:

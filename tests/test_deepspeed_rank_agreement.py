@@ -18,7 +18,6 @@ import copy
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_deepspeed_tp import _two_rank_launcher
 
 HERE = Path(__file__).resolve().parent
 LAUNCHES = int(os.environ.get("ASSISTED_BACKENDS_STRESS_LAUNCHES", "20"))
@@ -46,27 +46,6 @@ pytestmark = [
         reason="needs deepspeed: pip install assisted_backends[deepspeed] (the CI lane .ci/lanes/deepspeed.sh does)",
     ),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _launcher() -> list[str]:
-    port = str(_free_port())
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        port,
-    ]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -137,7 +116,14 @@ def test_twenty_cli_launches_agree_on_every_rank_under_load(pair_dir, busy_cpu, 
     for launch in range(LAUNCHES):
         mode = "greedy" if launch % 2 == 0 else "sample"
         out = tmp_path / f"launch{launch}.{{rank}}.json"
-        command = [*_launcher(), "-m", "assisted_backends.cli", *_cli_flags(pair_dir, mode), "--json", str(out)]
+        command = [
+            *_two_rank_launcher(),
+            "-m",
+            "assisted_backends.cli",
+            *_cli_flags(pair_dir, mode),
+            "--json",
+            str(out),
+        ]
         completed = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
         assert completed.returncode == 0, f"launch {launch + 1} of {LAUNCHES} ({mode}) failed:\n{_tail(completed)}"
         ranks = [json.loads(Path(str(out).format(rank=rank)).read_text()) for rank in range(2)]
@@ -155,7 +141,15 @@ def test_twenty_cli_launches_agree_on_every_rank_under_load(pair_dir, busy_cpu, 
 def _launch_api(pair: Path, out: Path, *flags: str, timeout_env: str | None = None, timeout: float = 600):
     out.mkdir()
     extra = {"ASSISTED_BACKENDS_COLLECTIVE_TIMEOUT_S": timeout_env} if timeout_env else {}
-    command = [*_launcher(), str(HERE / "torchrun_generate.py"), "--model-dir", str(pair), "--out", str(out), *flags]
+    command = [
+        *_two_rank_launcher(),
+        str(HERE / "torchrun_generate.py"),
+        "--model-dir",
+        str(pair),
+        "--out",
+        str(out),
+        *flags,
+    ]
     return subprocess.run(command, env=_env(**extra), capture_output=True, text=True, timeout=timeout)
 
 

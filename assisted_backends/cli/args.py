@@ -194,7 +194,9 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         help="benchmark --compare: keep adding pairs to a case until its speedup interval settles (excludes 1, or "
         "lies within 0.95-1.05) or this many seconds have passed on the case (default 60; 0: exactly --repeats)",
     )
-    task.add_argument("--json", default=None, metavar="PATH")
+    task.add_argument(
+        "--json", default=None, metavar="PATH", help="write the run as JSON ({rank} in PATH: one file per rank)"
+    )
     task.add_argument("--csv", default=None, metavar="PATH")
     task.add_argument("--plot", default=None, metavar="PNG")
     return parser

@@ -106,6 +106,11 @@ def generate(
     max_new_tokens, seed, num_assistant_tokens = input_checks.check_call(
         model, input_ids, max_new_tokens, seed, num_assistant_tokens
     )
+    if streamer is not None and isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] > 1:
+        raise ValueError(
+            f"streamer= streams one sequence, but input_ids holds {input_ids.shape[0]} rows; drop streamer= "
+            "or generate one prompt at a time"
+        )
     sink = StreamSink(streamer) if streamer is not None else None
     explicit = dict(
         max_new_tokens=max_new_tokens,
@@ -161,7 +166,7 @@ def generate(
 
     prompt_length = input_ids.shape[1]
     bucket_pad = (-prompt_length) % policy.bucket if policy.pad_prompt else 0
-    real_prompt = prompt_length - user_pad
+    real_prompt = prompt_length - min(user_pad)  # the longest row
     lookahead = max_gamma + 1 if spec.speculates else 1
     capacity = prompt_length + bucket_pad + max_new_tokens + lookahead
     # Keys a model attends over: the preallocated static cache, else at most the committed sequence.
@@ -180,15 +185,20 @@ def generate(
         model_state.evaluation_mode(target, draft)  # every call: the caller may have called .train() since
         device_ = backend.device
         processors = generation_options.logits_processors(model, options, options.attention_mask, device_)
+        row_processors = (
+            generation_options.row_logits_processors(model, options, device_) if len(user_pad) > 1 else None
+        )
         prompt = torch.nn.functional.pad(input_ids, (bucket_pad, 0), value=int(pad_id)).to(device_)
-        pad = torch.tensor([user_pad + bucket_pad], device=device_)  # [B]
+        pads = [row_pad + bucket_pad for row_pad in user_pad]  # [B]
 
-        def runner(m: PreTrainedModel) -> ModelRunner:
-            layout = make_layout(layout_name, m, pad, capacity, policy.bucket)
+        def runner(m: PreTrainedModel, rows: list[int] | None = None) -> ModelRunner:
+            """A runner for `m` over the batch's rows (`rows`: those batch positions only)."""
+            row_pads = pads if rows is None else [pads[b] for b in rows]
+            layout = make_layout(layout_name, m, torch.tensor(row_pads, device=device_), capacity, policy.bucket)
             return ModelRunner(m, layout, step_boundary=backend.step_boundary)
 
-        drafter = drafting.build_drafter(spec, target, draft, runner, policy.fixed_draft_length)
-        buffer = TokenBuffer(prompt, capacity, int(pad_id))
+        drafter = drafting.build_drafter(spec, target, draft, runner, policy.fixed_draft_length, len(pads))
+        buffer = TokenBuffer(prompt, capacity, int(pad_id), pads)
         eos_tensor = torch.tensor(eos_ids, device=device_) if eos_ids else None
         stats = GenerationStats(
             drafter=drafter.name if drafter else "none",
@@ -203,7 +213,7 @@ def generate(
                 target=runner(target),
                 drafter=drafter,
                 buffer=buffer,
-                selector=TokenSelector(sampling, processors, offset=bucket_pad),
+                selector=TokenSelector(sampling, processors, offset=bucket_pad, row_processors=row_processors),
                 schedule=(ranks.schedule(draft_schedule) if ranks else draft_schedule) if drafter else None,
                 generator=backend.generator(seed),
                 settings=LoopSettings(
@@ -218,4 +228,13 @@ def generate(
             )
     if sink is not None:
         sink.end()
-    return GenerateResult(sequences=buffer.committed()[:, bucket_pad:].clone(), stats=stats)
+    return GenerateResult(sequences=_sequences(input_ids, buffer.results, int(pad_id)), stats=stats)
+
+
+def _sequences(input_ids: torch.Tensor, new_tokens: dict[int, torch.Tensor], pad_id: int) -> torch.Tensor:
+    """[B, P + longest]: each prompt as given, then its new tokens, `pad_id` after a row's end."""
+    longest = max(tokens.shape[0] for tokens in new_tokens.values())
+    tail = torch.full((input_ids.shape[0], longest), pad_id, dtype=torch.long, device=new_tokens[0].device)
+    for row, tokens in new_tokens.items():
+        tail[row, : tokens.shape[0]] = tokens
+    return torch.cat([input_ids.to(tail.device), tail], dim=1)

@@ -19,11 +19,12 @@ from transformers import PreTrainedModel
 from assisted_backends.core.drafters import Drafter, ModelDrafter
 from assisted_backends.core.early_exit import early_exit_view
 from assisted_backends.core.prompt_lookup import PromptLookupDrafter
+from assisted_backends.core.row_drafters import RowwiseDrafter
 from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.token_bytes import codec_for
 from assisted_backends.core.translating_drafter import DEFAULT_PREFILL_WINDOW, TranslatingDrafter
 
-RunnerFactory = Callable[[PreTrainedModel], ModelRunner]
+RunnerFactory = Callable[..., ModelRunner]  # (model, rows=None): a runner over those batch rows (None: all)
 CHEAP_DRAFT_RATIO = 0.1  # parameter ratio below which a draft of another tokenizer reads the whole prompt
 
 
@@ -148,9 +149,11 @@ def build_drafter(
     prepared_draft: PreTrainedModel | None,
     make_runner: RunnerFactory,
     fixed_draft_length: bool = False,
+    batch_size: int = 1,
 ) -> Drafter | None:
     """The drafter for `spec` (None: plain decoding). `prepared_draft` is the backend-prepared assistant;
-    `fixed_draft_length` (static shapes) asks for exactly γ tokens every round."""
+    `fixed_draft_length` (static shapes) asks for exactly γ tokens every round. A draft of another
+    tokenizer drafts a batch row by row (`core.row_drafters`)."""
     if spec.prompt_lookup_num_tokens is not None:
         return PromptLookupDrafter(vocab_size(target), fixed_length=fixed_draft_length)
     if spec.assistant_early_exit is not None:
@@ -165,12 +168,18 @@ def build_drafter(
             )
         ratio = parameter_ratio(spec, target)
         cheap = ratio is not None and ratio < CHEAP_DRAFT_RATIO  # its prompt pass costs little: let it read all
-        return TranslatingDrafter(
-            make_runner(prepared_draft),
-            prefill_window=None if cheap else DEFAULT_PREFILL_WINDOW,
-            target=codec_for(spec.tokenizer),
-            draft=codec_for(spec.assistant_tokenizer),
-            target_vocab=vocab_size(target),
-            draft_vocab=vocab_size(prepared_draft),
-        )
+
+        def translating(rows: list[int] | None) -> TranslatingDrafter:
+            return TranslatingDrafter(
+                make_runner(prepared_draft, rows),
+                prefill_window=None if cheap else DEFAULT_PREFILL_WINDOW,
+                target=codec_for(spec.tokenizer),
+                draft=codec_for(spec.assistant_tokenizer),
+                target_vocab=vocab_size(target),
+                draft_vocab=vocab_size(prepared_draft),
+            )
+
+        if batch_size == 1:
+            return translating(None)
+        return RowwiseDrafter([translating([b]) for b in range(batch_size)], vocab_size(target))
     return ModelDrafter(make_runner(prepared_draft))

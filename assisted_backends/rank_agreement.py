@@ -228,7 +228,7 @@ def watched(ranks: RankAgreement | None, buffer, stats) -> Iterator[None]:
     except RankFailure:
         raise
     except RuntimeError as error:  # torch.distributed's errors are RuntimeErrors (DistError included)
-        committed = buffer.length - buffer.prompt_length
+        committed = sum(buffer.new_tokens)
         ranks.where = "prefill" if committed == 0 else f"round {stats.rounds + 1}"
         raise ranks.failure(error, f" ({committed} new tokens committed)") from error
-    ranks.finish(buffer.committed()[:, buffer.prompt_length :], stats.rounds)
+    ranks.finish(torch.cat([buffer.results[row] for row in sorted(buffer.results)]), stats.rounds)

@@ -12,7 +12,8 @@ stopping_criteria, return_dict_in_generate and any GenerationConfig field) and h
 `GenerateDecoderOnlyOutput` with `.sequences` when `return_dict_in_generate=True`). Plain calls (no
 drafter) run through the same loop. What it cannot honour is refused by name (beam search via the
 config checks, custom `logits_processor`, `prefix_allowed_tokens_fn`, per-step scores/logits/attentions,
-negative prompts, batches > 1), never ignored. `disable(model)` restores transformers' own method.
+negative prompts), never ignored. Batches (left-padded `input_ids` [B, P] with their mask) are served.
+`disable(model)` restores transformers' own method.
 
 It patches nothing in transformers (only the instance), so it works the same on 4.51, 4.55 and 5.x.
 transformers' own `generate(custom_generate=<callable>)` hook (5.x) is not used: by the time it calls

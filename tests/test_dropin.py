@@ -118,13 +118,16 @@ def test_what_cannot_be_honoured_is_refused_by_name(kwargs, match):
         assisted_backends.disable(target)
 
 
-def test_batches_are_refused_clearly_and_defaults_are_checked():
+def test_batches_run_and_defaults_are_checked():
     target = tiny_model("llama", seed=0)
+    prompts = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    expected = target.generate(prompts, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
     assisted_backends.enable(target, num_assistant_tokens=3)
     try:
-        with pytest.raises(NotImplementedError, match="batch size 2 is not supported"):
-            target.generate(torch.ones(2, 3, dtype=torch.long), max_new_tokens=3)
+        routed = target.generate(prompts, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
     finally:
         assisted_backends.disable(target)
+    assert torch.equal(routed, expected)
     with pytest.raises(TypeError, match="does not take: not_an_argument"):
         assisted_backends.enable(target, not_an_argument=1)

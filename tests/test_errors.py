@@ -49,7 +49,7 @@ def test_empty_prompt(target):
 
 def test_fully_masked_prompt(target):
     prompt = random_prompt(3, 0)
-    with pytest.raises(ValueError, match="masks every prompt token"):
+    with pytest.raises(ValueError, match="masks every token of row 0"):
         generate(target, prompt, attention_mask=torch.zeros_like(prompt), max_new_tokens=2)
 
 
@@ -66,9 +66,16 @@ def test_different_vocabularies_without_tokenizers(target):
         generate(target, random_prompt(3, 0), assistant_model=draft, max_new_tokens=2)
 
 
-def test_batch_larger_than_one(target):
-    with pytest.raises(NotImplementedError, match="batch size 2 is not supported"):
-        generate(target, torch.zeros((2, 3), dtype=torch.long), max_new_tokens=2)
+def test_batch_mask_with_a_hole(target):
+    prompt = torch.ones((2, 4), dtype=torch.long)
+    mask = torch.tensor([[0, 1, 1, 1], [1, 0, 1, 1]])
+    with pytest.raises(ValueError, match="attention_mask must be left padding only.*padding_side = 'left'"):
+        generate(target, prompt, attention_mask=mask, max_new_tokens=2)
+
+
+def test_empty_batch(target):
+    with pytest.raises(ValueError, match="batch size 0"):
+        generate(target, torch.zeros((0, 3), dtype=torch.long), max_new_tokens=2)
 
 
 def test_incompatible_layout_options(target):

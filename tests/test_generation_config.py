@@ -409,8 +409,8 @@ def test_verify_distributions_see_the_draft_extended_prefix_without_padding(monk
     bucket_pad = (-prompt.shape[1]) % 16  # static shapes pad the 8-token prompt to 16
     original = sampling.TokenSelector.probabilities
 
-    def spy(self, logits, context):
-        result = original(self, logits, context)
+    def spy(self, logits, context, rows=None):
+        result = original(self, logits, context, rows)
         calls.append((logits.clone(), context[:, bucket_pad:].clone(), result))
         return result
 

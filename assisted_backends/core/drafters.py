@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from assisted_backends.core.rows import RowMove
 from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.sampling import TokenSelector, sample
 from assisted_backends.core.tokens import TokenBuffer
@@ -52,6 +53,10 @@ class Drafter(ABC):
     def rollback(self, buffer: TokenBuffer) -> None:
         """Forget everything past the committed tokens."""
 
+    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
+        """Batches: the buffer's rows just moved by `move` (`core.rows`); follow them (stateless: nothing)."""
+        return None
+
 
 class ModelDrafter(Drafter):
     """A small causal LM with its own KV cache.
@@ -79,15 +84,16 @@ class ModelDrafter(Drafter):
         start = buffer.length
         feed = buffer.ids[:, self.runner.length : start]  # pending committed tokens [B, >=1]
         distributions = []
+        rows = buffer.row_prefixes()
         for i in range(gamma):
             logits = self.runner.forward(feed, last_only=True)  # [B, 1, V]
             context = buffer.through(start + i)
             if selector.do_sample:
-                q_i = selector.probabilities(logits, context)  # [B, 1, V]
+                q_i = selector.probabilities(logits, context, rows)  # [B, 1, V]
                 token = sample(q_i, generator)  # [B, 1]
                 distributions.append(q_i)
             else:
-                token = selector.greedy(logits, context)  # [B, 1]
+                token = selector.greedy(logits, context, rows)  # [B, 1]
             buffer.ids[:, start + i] = token[:, 0]
             feed = buffer.ids[:, start + i : start + i + 1]
         return Proposal(gamma, torch.cat(distributions, dim=1) if distributions else None)
@@ -96,3 +102,6 @@ class ModelDrafter(Drafter):
         # Keep only committed tokens; the last committed one stays pending so that every proposal
         # starts by feeding at least one token.
         self.runner.rollback(min(self.runner.length, buffer.length - 1))
+
+    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
+        self.runner.move_rows(move, buffer.pad_tensor(), buffer.length - 1)

@@ -78,14 +78,14 @@ KEY_LENGTH_LIMIT_NAMES = ("max_seq_len", "context_length")
 class GenerationOptions:
     """What `generate` runs with, resolved once per call.
 
-    input_ids [1, P] (user left padding included, as `model.generate` counts it); `user_pad` leading
-    masked positions; `attention_mask` the caller's or the inferred one (None: all attended);
+    input_ids [B, P] (user left padding included, as `model.generate` counts it); `user_pad` each row's
+    leading masked positions; `attention_mask` the caller's or the inferred one (None: all attended);
     `config` the merged generation config.
     """
 
     config: GenerationConfig
     input_ids: torch.Tensor
-    user_pad: int
+    user_pad: list[int]  # per row
     max_new_tokens: int
     eos_ids: list[int] | None
     pad_id: int
@@ -168,8 +168,8 @@ def max_new_tokens_for(config: GenerationConfig, max_length_set: bool, prompt_le
     return value
 
 
-def validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, int]:
-    """Return input_ids as [1, P] long and its number of left-padding positions."""
+def validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, list[int]]:
+    """Return input_ids as [B, P] long and each row's number of left-padding positions."""
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(
             f"input_ids must be a torch.LongTensor of shape [batch, length], got {type(input_ids).__name__}"
@@ -180,13 +180,12 @@ def validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, int]:
         raise ValueError(f"input_ids must have shape [batch, length], got {tuple(input_ids.shape)}")
     if input_ids.shape[1] == 0:
         raise ValueError("input_ids is empty: the prompt needs at least one token (add a BOS token for an empty text)")
-    if input_ids.shape[0] != 1:
-        raise NotImplementedError(
-            f"batch size {input_ids.shape[0]} is not supported yet: assisted decoding runs one prompt at a time; "
-            "call generate once per prompt"
-        )
+    if input_ids.shape[0] == 0:
+        raise ValueError("input_ids holds no rows (batch size 0): pass at least one prompt")
     if attention_mask is None:
-        return input_ids.long(), 0
+        return input_ids.long(), [0] * input_ids.shape[0]
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor of 0s and 1s, got {type(attention_mask).__name__}")
     if attention_mask.dim() == 1:
         attention_mask = attention_mask[None, :]
     if attention_mask.shape != input_ids.shape:
@@ -194,13 +193,18 @@ def validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, int]:
             f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids {tuple(input_ids.shape)}; "
             "they must match"
         )
-    mask = attention_mask[0].bool()
-    pad = int((~mask).long().cumprod(0).sum())  # leading zeros
-    if not bool(mask[pad:].all()):
-        raise ValueError("attention_mask must be left padding only (zeros, then ones); got zeros after the first one")
-    if pad == input_ids.shape[1]:
-        raise ValueError("attention_mask masks every prompt token: the prompt needs at least one real token")
-    return input_ids.long(), pad
+    mask = attention_mask.bool()
+    pads = (~mask).long().cumprod(dim=1).sum(dim=1)  # [B] leading zeros
+    columns = torch.arange(mask.shape[1])[None, :]
+    if not bool((mask | (columns < pads[:, None])).all()):
+        raise ValueError(
+            "attention_mask must be left padding only (zeros, then ones in every row); got zeros after a one: "
+            "tokenize with tokenizer.padding_side = 'left'"
+        )
+    if bool((pads == mask.shape[1]).any()):
+        row = int((pads == mask.shape[1]).nonzero()[0, 0])
+        raise ValueError(f"attention_mask masks every token of row {row}: each prompt needs at least one real token")
+    return input_ids.long(), [int(pad) for pad in pads]
 
 
 def inferred_attention_mask(input_ids: torch.Tensor, pad_id: int | None, eos_ids: list[int] | None):
@@ -220,11 +224,12 @@ def _inferred_left_padding(input_ids, pad_id: int | None, eos_ids: list[int] | N
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
         input_ids = input_ids[None]
     mask = inferred_attention_mask(input_ids, pad_id, eos_ids)
-    if mask is None or input_ids.shape[0] != 1:
+    if mask is None:
         return mask
-    real = mask[0].bool()
-    lead = int((~real).long().cumprod(0).sum())
-    if bool(real[lead:].all()) and lead < real.shape[0]:
+    real = mask.bool()
+    lead = (~real).long().cumprod(dim=1).sum(dim=1)  # [B]
+    columns = torch.arange(real.shape[1])[None, :]
+    if bool((real | (columns < lead[:, None])).all()) and bool((lead < real.shape[1]).all()):
         return mask
     warnings.warn(
         f"input_ids holds pad_token_id={pad_id} after its first real token (or only pad tokens): model.generate "
@@ -259,12 +264,34 @@ def logits_processors(
 ) -> list[LogitsProcessor]:
     """The processors (and, when sampling, warpers) `model.generate` builds for this call, in its order,
     with their tensors on `device`."""
+    return _built_processors(model, options.config, options.input_ids, attention_mask, device)
+
+
+def row_logits_processors(
+    model: PreTrainedModel, options: GenerationOptions, device: torch.device
+) -> list[list[LogitsProcessor]]:
+    """Batches: for each row, the processors `model.generate` builds for that row's prompt alone
+    (without its padding: lengths such as min_new_tokens count from its own prompt)."""
+    lists = []
+    for row, pad in enumerate(options.user_pad):
+        prompt = options.input_ids[row : row + 1, pad:]
+        config = copy.copy(options.config)
+        config.max_length = prompt.shape[1] + options.max_new_tokens
+        if config.min_new_tokens is not None:
+            config.min_length = config.min_new_tokens + prompt.shape[1]
+        lists.append(_built_processors(model, config, prompt, None, device))
+    return lists
+
+
+def _built_processors(
+    model: PreTrainedModel, config: GenerationConfig, input_ids: torch.Tensor, attention_mask, device: torch.device
+) -> list[LogitsProcessor]:
     build = getattr(model, "_get_logits_processor", None)
     if not callable(build):
         raise NotImplementedError(f"{type(model).__name__} has no _get_logits_processor: it is not a generation model")
-    config = copy.copy(options.config)
+    config = copy.copy(config)
     _special_tokens(model, config, attention_mask is not None, device)
-    input_ids = options.input_ids.to(device)
+    input_ids = input_ids.to(device)
     mask = attention_mask.reshape(input_ids.shape).to(device) if attention_mask is not None else None
     kwargs = {"attention_mask": mask} if mask is not None else {}
     processors = build(

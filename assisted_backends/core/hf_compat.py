@@ -235,6 +235,41 @@ def set_static_cache_length(cache: StaticCache, length: int) -> None:
             layer.cumulative_length = length
 
 
+def move_cache_rows(cache, move, written: int, width: int, in_place: bool) -> None:
+    """Apply a `rows.RowMove` to every key and value tensor of `cache` (sequence axis -2): the first
+    `written` positions are moved, the first `width` of the result kept. `in_place` (static caches, whose
+    addresses graphs captured): copied back into the same tensors; else each tensor is replaced.
+    """
+
+    def moved(tensor):
+        if tensor is None or not isinstance(tensor, torch.Tensor) or tensor.dim() < 3:
+            return tensor
+        with torch.inference_mode():  # the cache's tensors were made in inference mode
+            source = tensor[..., : min(written, tensor.shape[-2]), :]
+            result = move.apply(source, width=width, seq_dim=-2)
+            if in_place:
+                tensor[..., :width, :].copy_(result)
+                return tensor
+            return result
+
+    if isinstance(cache, LegacyCache):
+        if cache.layers:
+            cache.layers = tuple(
+                type(layer)(moved(part) for part in layer) if isinstance(layer, (tuple, list)) else moved(layer)
+                for layer in cache.layers
+            )
+        return
+    layers = getattr(cache, "layers", None)
+    if layers and hasattr(layers[0], "keys"):  # transformers >= 4.54: one object per layer
+        for layer in layers:
+            layer.keys, layer.values = moved(layer.keys), moved(layer.values)
+        return
+    for name in ("key_cache", "value_cache"):  # transformers 4.5x: two lists
+        tensors = getattr(cache, name, None)
+        if tensors is not None:
+            tensors[:] = [moved(tensor) for tensor in tensors]
+
+
 def max_positions(model: PreTrainedModel) -> int | None:
     """The longest sequence the model's position encoding supports, when the config states one."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from assisted_backends.core import hf_compat
+from assisted_backends.core.rows import RowMove
 
 LAYOUT_NAMES = ("dynamic", "static")
 
@@ -45,6 +46,15 @@ class CacheLayout(ABC):
     def rollback(self, length: int) -> None:
         """Forget every position at index >= `length`."""
 
+    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
+        """Batches (`core.rows`): move every row's cached positions by its shift and keep at most `length`
+        (fewer when a row moved left past what was written); `pad` [B'] is each row's new left padding."""
+        self.pad = pad
+        keep = max(0, min(length, self.length + min(move.shifts)))
+        if self.length > 0:
+            hf_compat.move_cache_rows(self.cache, move, self.length, keep, in_place=self._in_place)
+        self.length = keep
+
     def _padding_mask(self, total: int) -> torch.Tensor:
         positions = torch.arange(total, device=self.pad.device)
         return (positions[None, :] >= self.pad[:, None]).long()  # [B, total]
@@ -52,6 +62,7 @@ class CacheLayout(ABC):
 
 class DynamicLayout(CacheLayout):
     name = "dynamic"
+    _in_place = False
 
     def __init__(self, model: PreTrainedModel, pad: torch.Tensor) -> None:
         super().__init__(pad)
@@ -72,9 +83,14 @@ class DynamicLayout(CacheLayout):
             hf_compat.crop_dynamic_cache(self._cache, length)
             self.length = length
 
+    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
+        super().move_rows(move, pad, length)
+        self._has_padding = bool(pad.any())
+
 
 class StaticLayout(CacheLayout):
     name = "static"
+    _in_place = True  # graphs captured the cache's addresses
 
     def __init__(self, model: PreTrainedModel, pad: torch.Tensor, capacity: int) -> None:
         super().__init__(pad)
@@ -100,6 +116,13 @@ class StaticLayout(CacheLayout):
         if length < self.length:
             self.length = length
             hf_compat.set_static_cache_length(self._cache, length)
+
+    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
+        if move.keep is not None:
+            raise RuntimeError("a static cache keeps its batch size: finished rows ride along, they never leave")
+        super().move_rows(move, pad, length)
+        hf_compat.set_static_cache_length(self._cache, self.length)
+        self._mask = self._padding_mask(self.capacity)
 
 
 def bucketed(length: int, bucket: int) -> int:

@@ -3,8 +3,10 @@
 With no drafter (or γ = 0) the same loop is plain autoregressive decoding, so both modes are
 measured through one code path. Two optional hooks (`LoopSettings`): `stop` (stop strings and custom
 criteria, `core.stopping`) flags the prefixes of a round where plain decoding would stop, on the
-device; `on_commit` (streaming, `core.streaming`) receives each round's committed tokens. Both ride
-the round's one host transfer.
+device; `on_commit` (streaming, one row) receives each round's committed tokens. Both ride the round's
+one host transfer. Batches are the same loop: every tensor keeps its batch dimension, each row accepts
+its own n_b and stops at its own EOS or token limit, and the rows are realigned after the round
+(`core.rows`).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import torch
 
 from assisted_backends.core.acceptance import greedy_accept, speculative_accept
 from assisted_backends.core.drafters import Drafter, Proposal
+from assisted_backends.core.rows import plan_move
 from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.sampling import TokenSelector, sample
 from assisted_backends.core.schedule import DraftSchedule, RoundObservation
-from assisted_backends.core.stats import GenerationStats
+from assisted_backends.core.stats import GenerationStats, RowStats
 from assisted_backends.core.stopping import StopCheck
-from assisted_backends.core.tokens import TokenBuffer
+from assisted_backends.core.tokens import RowPrefixes, TokenBuffer
 
 
 @dataclass
@@ -35,10 +38,12 @@ class LoopSettings:
     on_commit: Callable[[list[int]], None] | None = None  # receives the committed tokens of each round
 
 
-def _choose_first(logits: torch.Tensor, context: torch.Tensor, selector: TokenSelector, generator) -> torch.Tensor:
+def _choose_first(
+    logits: torch.Tensor, context: torch.Tensor, selector: TokenSelector, generator, rows: RowPrefixes | None
+) -> torch.Tensor:
     if selector.do_sample:
-        return sample(selector.probabilities(logits, context), generator)[:, -1]
-    return selector.greedy(logits, context)[:, -1]
+        return sample(selector.probabilities(logits, context, rows), generator)[:, -1]
+    return selector.greedy(logits, context, rows)[:, -1]
 
 
 def _round_outcome(
@@ -47,23 +52,69 @@ def _round_outcome(
     eos_token_ids: torch.Tensor | None,
     stops: torch.Tensor | None,
     with_tokens: bool,
-) -> tuple[int, int, list[int]]:
-    """(n, e, tokens): the accepted count, the index in `span` [1, m] of the first EOS or stop among the
-    n + 1 new tokens (m when there is none) and, when asked, the span's tokens, read from the device in
-    one transfer: the round's only host sync. `stops` [m]: where a stopping criterion fires."""
+) -> tuple[list[int], list[int], list[int]]:
+    """(n, e, tokens): per row the accepted count and the index in `span` [B, m] of the first EOS or stop
+    among its n + 1 new tokens (m when there is none) and, when asked, row 0's span tokens, read from the
+    device in one transfer: the round's only host sync. `stops` [B, m]: where a stopping criterion fires."""
+    batch, m = span.shape
     if eos_token_ids is None and stops is None and not with_tokens:
-        return int(accepted[0]), span.shape[1], []
-    positions = torch.arange(span.shape[1], device=span.device)
-    hits = positions > span.shape[1]  # [m] all False
+        return accepted.tolist(), [m] * batch, []
+    positions = torch.arange(m, device=span.device)
+    hits = torch.zeros_like(span, dtype=torch.bool)  # [B, m]
     if eos_token_ids is not None:
-        hits = hits | torch.isin(span[0], eos_token_ids)
+        hits = hits | torch.isin(span, eos_token_ids)
     if stops is not None:
         hits = hits | stops
-    hits = hits & (positions <= accepted[0])  # [m]
-    first = torch.where(hits.any(), hits.long().argmax(), span.shape[1])
-    parts = [torch.stack([accepted[0], first])] + ([span[0]] if with_tokens else [])
+    hits = hits & (positions[None, :] <= accepted[:, None])
+    first = torch.where(hits.any(dim=1), hits.long().argmax(dim=1), m)  # [B]
+    parts = [accepted, first] + ([span[0]] if with_tokens else [])
     values = torch.cat(parts).tolist()
-    return values[0], values[1], values[2:]
+    return values[:batch], values[batch : 2 * batch], values[2 * batch :]
+
+
+class _Rows:
+    """The host side of a batch: which batch positions still generate, and each row's stats."""
+
+    def __init__(self, batch: int, stats: GenerationStats) -> None:
+        self.live = [True] * batch  # per batch position; False: finished, riding along (static layout)
+        self.stats = [RowStats() for _ in range(batch)]  # by the caller's row index
+        stats.batch_size, stats.rows = batch, self.stats
+
+    def commit(self, buffer: TokenBuffer, counts: dict[int, int], done: dict[int, bool], end: int, at: float) -> None:
+        """Row b (batch position) committed counts[b] tokens ending before column end + counts[b]."""
+        for b, count in counts.items():
+            buffer.new_tokens[b] += count
+            row = self.stats[buffer.rows[b]]
+            row.new_tokens = buffer.new_tokens[b]
+            if done[b]:
+                self.live[b] = False
+                row.finished_s = at
+                buffer.finish_row(b, end + count)
+
+
+def _move_rows(
+    buffer: TokenBuffer,
+    rows: _Rows,
+    accepted: list[int],
+    length: int,
+    drop_finished: bool,
+    target: ModelRunner,
+    drafter: Drafter | None,
+) -> int:
+    """Batches: realign the rows after a round (`core.rows`); return the shared length afterwards.
+
+    `length`: the shared length if no row moved (the round's start + max accepted + 1)."""
+    move, pad, cut = plan_move(buffer.pad, accepted, rows.live, drop_finished, buffer.ids.device)
+    if move is None:
+        return length
+    kept = move.keep.tolist() if move.keep is not None else list(range(len(buffer.pad)))
+    buffer.move_rows(move, pad, kept)
+    rows.live = [rows.live[b] for b in kept]
+    buffer.length = length - cut
+    target.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
+    if drafter is not None:
+        drafter.move_rows(move, buffer)
+    return buffer.length
 
 
 def decode(
@@ -76,31 +127,46 @@ def decode(
     settings: LoopSettings,
     stats: GenerationStats,
 ) -> GenerationStats:
-    """Generate into `buffer` until max_new_tokens or EOS; fill and return `stats`."""
-    if buffer.ids.shape[0] != 1:
-        raise NotImplementedError("the loop commits one row at a time; batch size must be 1")
+    """Generate into `buffer` until every row has max_new_tokens or its EOS; fill and return `stats`.
+
+    One row: the committed tokens stay in place. Several rows (`core.rows`): after each round the rows
+    move so that all end at one column again; finished rows leave the batch under the dynamic layout
+    and ride along (unread) under static shapes, where the batch size must not change.
+    """
     started = time.perf_counter()
+    rows = _Rows(buffer.ids.shape[0], stats)
+    drop_finished = not settings.fixed_draft_length and target.layout.name == "dynamic"
 
     # Prefill: the target sees the prompt and picks the first token. The drafter sees the committed
     # tokens only when it is first asked to draft, so a schedule that never speculates never pays for it.
     logits = target.forward(buffer.committed(), last_only=True)
-    first = _choose_first(logits, buffer.committed(), selector, generator)
+    first = _choose_first(logits, buffer.committed(), selector, generator, buffer.row_prefixes())
     draft_ready = False
     buffer.ids[:, buffer.length] = first
-    finished = settings.eos_token_ids is not None and bool(torch.isin(first, settings.eos_token_ids).any())
-    if settings.stop is not None and not finished:
-        finished = bool(settings.stop.hits(buffer.ids, buffer.length, 1, logits[:, -1:])[0])
+    stops = None
+    if settings.stop is not None:
+        stops = settings.stop.hits(buffer.ids, buffer.length, 1, logits[:, -1:], buffer.row_prefixes())
+    _, ends, tokens = _round_outcome(
+        torch.zeros_like(first), buffer.ids[:, buffer.length : buffer.length + 1], settings.eos_token_ids, stops,
+        settings.on_commit is not None,
+    )  # fmt: skip
+    batch = len(ends)
+    done = {b: ends[b] == 0 or settings.max_new_tokens == 1 for b in range(batch)}
+    rows.commit(buffer, dict.fromkeys(range(batch), 1), done, buffer.length, time.perf_counter() - started)
     buffer.length += 1
     if settings.on_commit is not None:
-        settings.on_commit(first.tolist())
+        settings.on_commit(tokens)
+    if any(rows.live) and not all(rows.live):
+        _move_rows(buffer, rows, [0] * batch, buffer.length, drop_finished, target, drafter)
     settings.synchronize()
     prefill_done = time.perf_counter()
 
-    while not finished and buffer.length - buffer.prompt_length < settings.max_new_tokens:
-        remaining = settings.max_new_tokens - (buffer.length - buffer.prompt_length)
+    while any(rows.live):
+        live = [b for b, alive in enumerate(rows.live) if alive]
+        remaining = {b: settings.max_new_tokens - buffer.new_tokens[b] for b in live}
         gamma = schedule.draft_length() if (drafter is not None and schedule is not None) else 0
         if not settings.fixed_draft_length:
-            gamma = min(gamma, remaining - 1)  # never draft what cannot be committed
+            gamma = min(gamma, max(remaining.values()) - 1)  # never draft what cannot be committed
         start = buffer.length
 
         if gamma > 0 and not draft_ready:
@@ -115,38 +181,55 @@ def decode(
         drafted_at = time.perf_counter()
         logits = target.forward(buffer.ids[:, target.length : start + gamma])  # [B, γ+1, V]
         context = buffer.through(start + gamma)
+        prefixes = buffer.row_prefixes()
         if selector.do_sample:
-            p = selector.probabilities(logits, context)  # [B, γ+1, V]
+            p = selector.probabilities(logits, context, prefixes)  # [B, γ+1, V]
             if gamma > 0:
                 accepted, next_token = speculative_accept(draft, proposal.q, p, generator)
             else:
-                accepted, next_token = torch.zeros(1, dtype=torch.long, device=p.device), sample(p[:, -1], generator)
+                accepted, next_token = (
+                    torch.zeros(p.shape[0], dtype=torch.long, device=p.device),
+                    sample(p[:, -1], generator),
+                )
         else:
-            accepted, next_token = greedy_accept(draft, selector.greedy(logits, context))
+            accepted, next_token = greedy_accept(draft, selector.greedy(logits, context, prefixes))
 
-        span = buffer.ids[:, start : start + gamma + 1]  # [1, γ+1]: the draft, then scratch
+        span = buffer.ids[:, start : start + gamma + 1]  # [B, γ+1]: the draft, then scratch
         span.scatter_(1, accepted[:, None], next_token[:, None])  # the target's token after the n accepted
-        stops = settings.stop.hits(buffer.ids, start, gamma + 1, logits) if settings.stop is not None else None
-        n, first_eos, tokens = _round_outcome(
-            accepted, span, settings.eos_token_ids, stops, settings.on_commit is not None
+        stops = (
+            settings.stop.hits(buffer.ids, start, gamma + 1, logits, prefixes) if settings.stop is not None else None
         )
+        n, ends, tokens = _round_outcome(accepted, span, settings.eos_token_ids, stops, settings.on_commit is not None)
         verified_at = time.perf_counter()
-        keep = min(n + 1, remaining, first_eos + 1)  # up to the token limit and the first EOS/stop included
-        finished = first_eos < keep
-        buffer.length = start + keep
+        keep = {b: min(n[b] + 1, remaining[b], ends[b] + 1) for b in live}  # to the limit and the first EOS/stop
+        done = {b: ends[b] < keep[b] or keep[b] == remaining[b] for b in live}
+        rows.commit(buffer, keep, done, start, verified_at - started)
         if settings.on_commit is not None:
-            settings.on_commit(tokens[:keep])  # committed tokens only: never a rejected draft token
+            settings.on_commit(tokens[: keep[0]])  # committed tokens only: never a rejected draft token
+        for b in live:
+            stats.record_round(gamma, n[b])
+            rows.stats[buffer.rows[b]].record_round(gamma, n[b])
 
+        if not buffer.batched:
+            buffer.length = start + keep[0]
+        elif any(rows.live):
+            most = max(n[b] for b in live if rows.live[b])
+            n_live = [n[b] if rows.live[b] else 0 for b in range(len(rows.live))]
+            buffer.length = _move_rows(buffer, rows, n_live, start + most + 1, drop_finished, target, drafter)
         target.rollback(buffer.length - 1)  # the newest committed token stays pending
         if drafter is not None and asked > 0:
             drafter.rollback(buffer)
-        stats.record_round(gamma, n)
         if schedule is not None:
-            schedule.update(RoundObservation(gamma, n, drafted_at - round_started, verified_at - drafted_at))
+            row_accepted = tuple(n[b] for b in live) if buffer.batched else ()
+            schedule.update(
+                RoundObservation(
+                    gamma, sum(n[b] for b in live), drafted_at - round_started, verified_at - drafted_at, row_accepted
+                )
+            )
 
     settings.synchronize()
     finished_at = time.perf_counter()
-    stats.new_tokens = buffer.length - buffer.prompt_length
+    stats.new_tokens = sum(row.new_tokens for row in rows.stats)
     stats.prefill_s = prefill_done - started
     stats.decode_s = finished_at - prefill_done
     stats.target_forwards = target.forward_count

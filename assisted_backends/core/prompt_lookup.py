@@ -2,8 +2,9 @@
 
 For n = max_ngram down to 1: take the last n committed tokens x_{L-n..L-1}; find the *latest*
 earlier position i with x_{i..i+n-1} equal to them and propose what followed, x_{i+n..i+n+γ-1}
-(clipped at the committed end). The drafter is deterministic, so when sampling q is a point mass
-on each proposed token and the lossless rule accepts token x with probability p(x).
+(clipped at the committed end); in a batch each row looks up in its own tokens. The drafter is
+deterministic, so when sampling q is a point mass on each proposed token and the lossless rule accepts
+token x with probability p(x).
 """
 
 from __future__ import annotations
@@ -60,12 +61,14 @@ class PromptLookupDrafter(Drafter):
         self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
     ) -> Proposal:
         start = buffer.length
-        found = lookup(buffer.committed()[0], self.max_ngram, gamma)  # [≤ γ]
-        count = gamma if self.fixed_length else found.shape[0]
-        buffer.ids[0, start : start + found.shape[0]] = found
-        if count > found.shape[0]:
-            last = buffer.ids[0, start + found.shape[0] - 1]
-            buffer.ids[0, start + found.shape[0] : start + count] = last
+        prefixes = buffer.row_prefixes()
+        starts = prefixes.starts if prefixes is not None else [0]
+        found = [lookup(buffer.ids[b, first:start], self.max_ngram, gamma) for b, first in enumerate(starts)]
+        count = gamma if self.fixed_length else max(match.shape[0] for match in found)
+        for b, match in enumerate(found):  # a row with a shorter match repeats its last token (a point mass too)
+            buffer.ids[b, start : start + match.shape[0]] = match
+            if count > match.shape[0]:
+                buffer.ids[b, start + match.shape[0] : start + count] = buffer.ids[b, start + match.shape[0] - 1]
         if not selector.do_sample or count == 0:
             return Proposal(count, None)
         draft = buffer.ids[:, start : start + count]  # [B, count]

@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 
 from assisted_backends.core import hf_compat
 from assisted_backends.core.kv_cache import CacheLayout
+from assisted_backends.core.rows import RowMove
 
 
 class ModelRunner:
@@ -70,3 +71,7 @@ class ModelRunner:
 
     def rollback(self, length: int) -> None:
         self.layout.rollback(length)
+
+    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
+        """Batches: shift each row's cached positions (`core.rows`); keep at most `length`."""
+        self.layout.move_rows(move, pad, length)

@@ -23,6 +23,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from assisted_backends.core.tokens import RowPrefixes
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -44,6 +46,15 @@ _ROW_WISE_NAMES = (
 ROW_WISE = tuple(c for c in (getattr(logits_process, n, None) for n in _ROW_WISE_NAMES) if c is not None)
 
 
+def _split(processors: list[LogitsProcessor]) -> tuple[list[LogitsProcessor], list[LogitsProcessor]]:
+    """(prefix-dependent head, row-wise tail): the longest tail of row-wise processors runs batched;
+    everything before it runs per position."""
+    split = len(processors)
+    while split > 0 and isinstance(processors[split - 1], ROW_WISE):
+        split -= 1
+    return processors[:split], processors[split:]
+
+
 def _config_processors(config: SamplingConfig) -> list[LogitsProcessor]:
     processors: list[LogitsProcessor] = []
     if config.repetition_penalty not in (None, 1.0):
@@ -63,42 +74,56 @@ class TokenSelector:
 
     `processors`: transformers' processors in `model.generate`'s order (default: built from
     `config`); `offset`: leading positions of every context that `model.generate` would not see
-    (static-shape bucket padding).
+    (static-shape bucket padding). Batches: `row_processors[r]` are those built for row r's prompt
+    alone; the prefix-dependent ones run on each row's own prefix (`RowPrefixes`).
     """
 
     def __init__(
-        self, config: SamplingConfig, processors: list[LogitsProcessor] | None = None, offset: int = 0
+        self,
+        config: SamplingConfig,
+        processors: list[LogitsProcessor] | None = None,
+        offset: int = 0,
+        row_processors: list[list[LogitsProcessor]] | None = None,
     ) -> None:
         self.config = config
         self.offset = offset
+        if row_processors:
+            processors = row_processors[0]
         processors = _config_processors(config) if processors is None else list(processors)
-        # The longest tail of row-wise processors runs batched; everything before it runs per position.
-        split = len(processors)
-        while split > 0 and isinstance(processors[split - 1], ROW_WISE):
-            split -= 1
-        self._prefix_processors = processors[:split]
-        self._warpers = processors[split:]
+        self._prefix_processors, self._warpers = _split(processors)
+        self._row_prefix_processors = [_split(list(p))[0] for p in row_processors] if row_processors else None
 
     @property
     def do_sample(self) -> bool:
         return self.config.do_sample
 
-    def scores(self, logits: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def scores(self, logits: torch.Tensor, context: torch.Tensor, rows: RowPrefixes | None = None) -> torch.Tensor:
         """Processed scores [B, q, V] for logits [B, q, V].
 
         `context` [B, L] ends with the token fed at the last of the q positions, so position j was
-        computed after the prefix `context[:, offset : L - (q - 1 - j)]`.
+        computed after the prefix `context[:, offset : L - (q - 1 - j)]`. `rows` (batches): row b's
+        prefix begins at column rows.starts[b] instead, and prefix-dependent processors see one row at a time.
         """
         batch, query_length, vocab = logits.shape
         if self._prefix_processors:
-            rows = []
+            positions = []
             for j in range(query_length):  # γ + 1 positions at most
-                prefix = context[:, self.offset : context.shape[1] - (query_length - 1 - j)]
-                row = logits[:, j, :].clone()  # some processors write in place
-                for processor in self._prefix_processors:
-                    row = processor(prefix, row)
-                rows.append(row)
-            logits = torch.stack(rows, dim=1)
+                end = context.shape[1] - (query_length - 1 - j)
+                if rows is None:
+                    positions.append(
+                        self._process(self._prefix_processors, context[:, self.offset : end], logits[:, j])
+                    )
+                    continue
+                own = self._row_prefix_processors or [self._prefix_processors] * (max(rows.rows) + 1)
+                positions.append(
+                    torch.cat(
+                        [
+                            self._process(own[row], context[b : b + 1, start:end], logits[b : b + 1, j])
+                            for b, (start, row) in enumerate(zip(rows.starts, rows.rows))
+                        ]
+                    )
+                )
+            logits = torch.stack(positions, dim=1)
         if self._warpers:
             flat = logits.reshape(batch * query_length, vocab)
             for warper in self._warpers:  # row-wise: they ignore the prefix
@@ -106,13 +131,22 @@ class TokenSelector:
             logits = flat.reshape(batch, query_length, vocab)
         return logits
 
-    def probabilities(self, logits: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        """p (or q) [B, q, V]: softmax of the processed scores."""
-        return torch.softmax(self.scores(logits, context), dim=-1)
+    @staticmethod
+    def _process(processors: list[LogitsProcessor], prefix: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.clone()  # some processors write in place
+        for processor in processors:
+            scores = processor(prefix, scores)
+        return scores
 
-    def greedy(self, logits: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def probabilities(
+        self, logits: torch.Tensor, context: torch.Tensor, rows: RowPrefixes | None = None
+    ) -> torch.Tensor:
+        """p (or q) [B, q, V]: softmax of the processed scores."""
+        return torch.softmax(self.scores(logits, context, rows), dim=-1)
+
+    def greedy(self, logits: torch.Tensor, context: torch.Tensor, rows: RowPrefixes | None = None) -> torch.Tensor:
         """argmax tokens [B, q]."""
-        return self.scores(logits, context).argmax(dim=-1)
+        return self.scores(logits, context, rows).argmax(dim=-1)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -15,6 +15,12 @@ right tends to get the next one right too, so α_i grows with i on real pairs), 
 not linear in q (on CPU one extra token costs a jump, more tokens then little; on GPUs nearly nothing).
 A single α and a linear t_v both underestimate deep drafts; measured on the demo pair they chose
 γ ≈ 1 where γ = 4 was 1.25x faster.
+
+Batches: one γ for the batch. A round of B rows gains Σ_b (n_b + 1) tokens and costs the batch's
+γ·t_d + t_v(γ+1), both measured on the batch; every row adds one sample to the α_i. Expected tokens
+and plain decoding's one token both scale with B, so the comparison is the one above with the
+batch's times: once verifying γ + 1 positions of B rows costs as much as γ + 1 plain steps (compute
+bound), γ = 0 wins and the schedule stops speculating by itself.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class RoundObservation:
     accepted: int
     draft_s: float  # wall time of the γ draft steps (0 when γ = 0)
     verify_s: float  # wall time of the target pass over γ + 1 tokens, acceptance included
+    row_accepted: tuple[int, ...] = ()  # batches: n_b of every row still generating (`accepted` is their sum)
 
 
 class DraftSchedule(Protocol):
@@ -253,7 +260,8 @@ class AdaptiveSchedule:
             self.plain_streak += 1
             return
         self.plain_streak = 0
-        self.acceptance.update(gamma, observation.accepted)
+        for accepted in observation.row_accepted or (observation.accepted,):  # a batch: one sample per row
+            self.acceptance.update(gamma, accepted)
         self.draft_step.add(observation.draft_s / gamma)
 
 

@@ -6,6 +6,30 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass
+class RowStats:
+    """One row of a batch: its new tokens, its rounds (those it took part in) and its latency."""
+
+    new_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0
+    finished_s: float = 0.0  # from the start of decoding until the row's last token was committed
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else None
+
+    def record_round(self, drafted: int, accepted: int) -> None:
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+
+
+@dataclass
 class GenerationStats:
     """Counts and timings of one `generate` call.
 
@@ -15,6 +39,8 @@ class GenerationStats:
     Leviathan formula uses. A round with γ = 0 (the adaptive schedule's plain decoding, or a lookup
     that found nothing) is a *plain round*: one target token, nothing drafted. `mean_accepted_length`
     averages over every round; `tokens_per_speculative_round` only over rounds that drafted.
+    Batches: counts are sums over rows (a round counts once per row it served), `rows` holds each
+    row's own (in the caller's order) and `verify_passes` the target's passes after the prefill.
     """
 
     new_tokens: int = 0
@@ -32,6 +58,8 @@ class GenerationStats:
     schedule: str = "none"
     cache_layout: str = "dynamic"
     backend: str = "cpu"
+    batch_size: int = 1
+    rows: list[RowStats] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -53,6 +81,11 @@ class GenerationStats:
         """Tokens gained per round that drafted, the target's own token included: (accepted + s) / s."""
         rounds = self.speculative_rounds
         return (self.accepted + rounds) / rounds if rounds else None
+
+    @property
+    def verify_passes(self) -> int:
+        """Target forwards after the prefill: one per round of the whole batch."""
+        return max(self.target_forwards - 1, 0)
 
     @property
     def total_s(self) -> float:
@@ -80,4 +113,5 @@ class GenerationStats:
         data["speculative_rounds"] = self.speculative_rounds
         data["tokens_per_speculative_round"] = self.tokens_per_speculative_round
         data["total_s"] = self.total_s
+        data["verify_passes"] = self.verify_passes
         return data

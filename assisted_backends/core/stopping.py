@@ -10,7 +10,8 @@ The criteria list is transformers' own (`model._get_stopping_criteria`: `StopStr
 from `stop_strings` and the tokenizer, plus the caller's `stopping_criteria`), minus the max-length
 and EOS criteria the loop already applies. Criteria must be functions of the ids they are given
 (transformers' are): prefixes whose last tokens are later rejected are asked too, and discarded.
-`scores` handed to a criterion are the target's raw logits [1, V] at the step that chose its last token.
+`scores` handed to a criterion are the target's raw logits [1, V] at the step that chose its last token
+(a batch is asked one row at a time).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StoppingCriteria
+
+from assisted_backends.core.tokens import RowPrefixes
 
 Criterion = Callable[[torch.Tensor, torch.Tensor], object]  # (input_ids [1, L], scores [1, V]) -> bool / [1]
 _LOOP_HANDLED = (MaxLengthCriteria, EosTokenCriteria)
@@ -72,11 +75,20 @@ class StopCheck:
         flags = [torch.as_tensor(c(prefix, scores), device=prefix.device).reshape(-1)[:1].bool() for c in self.criteria]
         return torch.stack(flags).any()
 
-    def hits(self, ids: torch.Tensor, start: int, count: int, logits: torch.Tensor) -> torch.Tensor:
-        """[count] bool: whether plain decoding stops after the prefix ids[:, :start + j + 1], for j < count.
+    def hits(
+        self, ids: torch.Tensor, start: int, count: int, logits: torch.Tensor, rows: RowPrefixes | None = None
+    ) -> torch.Tensor:
+        """[B, count] bool: whether plain decoding stops after the prefix ids[b, :start + j + 1], for j < count.
 
-        `logits` [1, ≥count, V]: position j is the step that chose token start + j.
+        `logits` [B, ≥count, V]: position j is the step that chose token start + j. `rows` (batches): row
+        b's prefix begins at column rows.starts[b] (each row is asked alone, as `model.generate` on its prompt).
         """
+        starts = rows.starts if rows is not None else [self.offset] * ids.shape[0]
         return torch.stack(
-            [self._stops(ids[:, self.offset : start + j + 1], logits[:, j]) for j in range(count)]
-        )  # [count]
+            [
+                torch.stack(
+                    [self._stops(ids[b : b + 1, first : start + j + 1], logits[b : b + 1, j]) for j in range(count)]
+                )
+                for b, first in enumerate(starts)
+            ]
+        )  # [B, count]

@@ -72,6 +72,7 @@ class TranslatingDrafter(Drafter):
         self._selector: TokenSelector | None = None
         self._cached: list[int] = []  # draft ids in the runner's cache
         self._seen = 0  # buffer positions already in self.context
+        self._prefilled = False
         limit = hf_compat.max_positions(runner.model)
         capacity = getattr(runner.layout, "capacity", None)
         self._max_length = min(x for x in (limit, capacity, 1 << 62) if x is not None)
@@ -88,6 +89,7 @@ class TranslatingDrafter(Drafter):
         return self._intersection
 
     def prefill(self, buffer: TokenBuffer) -> None:
+        self._prefilled = True
         pad = int(self.runner.layout.pad[0])
         filler = next((i for i in self.draft.special_ids.values() if i is not None), 0)
         self.context.add_filler(filler, pad)
@@ -105,6 +107,14 @@ class TranslatingDrafter(Drafter):
 
     def rollback(self, buffer: TokenBuffer) -> None:
         self._sync(buffer)
+
+    def shift_columns(self, shift: int, pad: int) -> None:
+        """Batches (`core.row_drafters`): this drafter's row moved `shift` columns right in the target's
+        buffer and now has `pad` columns of left padding."""
+        if self._prefilled:
+            self._seen = max(self._seen + shift, 0)
+        else:
+            self.runner.layout.pad = torch.tensor([pad], device=self.runner.layout.pad.device)
 
     def _sync(self, buffer: TokenBuffer) -> None:
         """Bring the context up to the committed tokens; keep the cache's longest agreeing prefix."""

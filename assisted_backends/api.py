@@ -190,6 +190,10 @@ def generate(
         )
         prompt = torch.nn.functional.pad(input_ids, (bucket_pad, 0), value=int(pad_id)).to(device_)
         pads = [row_pad + bucket_pad for row_pad in user_pad]  # [B]
+        riders = batch_bucket(len(pads)) - len(pads) if policy.fixed_draft_length else 0
+        if riders:  # static shapes: the batch too comes from a bounded set; copies of row 0 ride along, unread
+            prompt = torch.cat([prompt, prompt[:1].expand(riders, -1)])
+            pads += pads[:1] * riders
 
         def runner(m: PreTrainedModel, rows: list[int] | None = None) -> ModelRunner:
             """A runner for `m` over the batch's rows (`rows`: those batch positions only)."""
@@ -198,7 +202,7 @@ def generate(
             return ModelRunner(m, layout, step_boundary=backend.step_boundary)
 
         drafter = drafting.build_drafter(spec, target, draft, runner, policy.fixed_draft_length, len(pads))
-        buffer = TokenBuffer(prompt, capacity, int(pad_id), pads)
+        buffer = TokenBuffer(prompt, capacity, int(pad_id), pads, riders)
         eos_tensor = torch.tensor(eos_ids, device=device_) if eos_ids else None
         stats = GenerationStats(
             drafter=drafter.name if drafter else "none",
@@ -229,6 +233,11 @@ def generate(
     if sink is not None:
         sink.end()
     return GenerateResult(sequences=_sequences(input_ids, buffer.results, int(pad_id)), stats=stats)
+
+
+def batch_bucket(batch: int) -> int:
+    """The batch size static shapes run `batch` rows at: the next power of two."""
+    return 1 << (batch - 1).bit_length()
 
 
 def _sequences(input_ids: torch.Tensor, new_tokens: dict[int, torch.Tensor], pad_id: int) -> torch.Tensor:

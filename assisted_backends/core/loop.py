@@ -75,10 +75,11 @@ def _round_outcome(
 class _Rows:
     """The host side of a batch: which batch positions still generate, and each row's stats."""
 
-    def __init__(self, batch: int, stats: GenerationStats) -> None:
-        self.live = [True] * batch  # per batch position; False: finished, riding along (static layout)
-        self.stats = [RowStats() for _ in range(batch)]  # by the caller's row index
-        stats.batch_size, stats.rows = batch, self.stats
+    def __init__(self, batch: int, riders: int, stats: GenerationStats) -> None:
+        self.live = [True] * (batch - riders) + [False] * riders  # False: finished or filler, riding along
+        self.stats = [RowStats() for _ in range(batch - riders)]  # by the caller's row index
+        self.total = stats
+        stats.batch_size, stats.rows = batch - riders, self.stats
 
     def commit(self, buffer: TokenBuffer, counts: dict[int, int], done: dict[int, bool], end: int, at: float) -> None:
         """Row b (batch position) committed counts[b] tokens ending before column end + counts[b]."""
@@ -104,6 +105,7 @@ def _move_rows(
     """Batches: realign the rows after a round (`core.rows`); return the shared length afterwards.
 
     `length`: the shared length if no row moved (the round's start + max accepted + 1)."""
+    began = time.perf_counter()
     move, pad, cut = plan_move(buffer.pad, accepted, rows.live, drop_finished, buffer.ids.device)
     if move is None:
         return length
@@ -114,6 +116,8 @@ def _move_rows(
     target.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
     if drafter is not None:
         drafter.move_rows(move, buffer)
+    rows.total.row_moves += 1
+    rows.total.move_s += time.perf_counter() - began
     return buffer.length
 
 
@@ -134,7 +138,7 @@ def decode(
     and ride along (unread) under static shapes, where the batch size must not change.
     """
     started = time.perf_counter()
-    rows = _Rows(buffer.ids.shape[0], stats)
+    rows = _Rows(buffer.ids.shape[0], buffer.riders, stats)
     drop_finished = not settings.fixed_draft_length and target.layout.name == "dynamic"
 
     # Prefill: the target sees the prompt and picks the first token. The drafter sees the committed
@@ -151,8 +155,9 @@ def decode(
         settings.on_commit is not None,
     )  # fmt: skip
     batch = len(ends)
-    done = {b: ends[b] == 0 or settings.max_new_tokens == 1 for b in range(batch)}
-    rows.commit(buffer, dict.fromkeys(range(batch), 1), done, buffer.length, time.perf_counter() - started)
+    live = [b for b, alive in enumerate(rows.live) if alive]
+    done = {b: ends[b] == 0 or settings.max_new_tokens == 1 for b in live}
+    rows.commit(buffer, dict.fromkeys(live, 1), done, buffer.length, time.perf_counter() - started)
     buffer.length += 1
     if settings.on_commit is not None:
         settings.on_commit(tokens)

@@ -40,7 +40,8 @@ class GenerationStats:
     that found nothing) is a *plain round*: one target token, nothing drafted. `mean_accepted_length`
     averages over every round; `tokens_per_speculative_round` only over rounds that drafted.
     Batches: counts are sums over rows (a round counts once per row it served), `rows` holds each
-    row's own (in the caller's order) and `verify_passes` the target's passes after the prefill.
+    row's own (in the caller's order), `verify_passes` the target's passes after the prefill and
+    `row_moves` / `move_s` what realigning the rows cost (`core.rows`).
     """
 
     new_tokens: int = 0
@@ -60,6 +61,8 @@ class GenerationStats:
     backend: str = "cpu"
     batch_size: int = 1
     rows: list[RowStats] = field(default_factory=list)
+    row_moves: int = 0  # batches: rounds after which rows were realigned (`core.rows`)
+    move_s: float = 0.0  # wall time of those realignments (inside decode_s)
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -24,10 +24,13 @@ class TokenBuffer:
     target's verification input and every processor's prefix are views, never copies.
     Every row is left padding (`pad[b]` columns), then its tokens, all rows ending at column `length`
     (`core.rows`); `rows[b]` is the caller's index of the row at batch position b, `results` the new
-    tokens of rows that finished (by the caller's index).
+    tokens of rows that finished (by the caller's index). The last `riders` rows only fill a batch up
+    to a bucket (static shapes): copies of row 0 that are never read.
     """
 
-    def __init__(self, prompt: torch.Tensor, capacity: int, fill_value: int, pad: list[int] | None = None) -> None:
+    def __init__(
+        self, prompt: torch.Tensor, capacity: int, fill_value: int, pad: list[int] | None = None, riders: int = 0
+    ) -> None:
         batch, prompt_length = prompt.shape
         self.ids = torch.full((batch, capacity), fill_value, dtype=torch.long, device=prompt.device)
         self.ids[:, :prompt_length] = prompt
@@ -35,7 +38,8 @@ class TokenBuffer:
         self.prompt_length = prompt_length
         self.batched = batch > 1
         self.pad = list(pad) if pad is not None else [0] * batch
-        self.rows = list(range(batch))
+        self.rows = list(range(batch - riders)) + [0] * riders
+        self.riders = riders
         self.new_tokens = [0] * batch  # committed after the prompt, per batch position
         self.results: dict[int, torch.Tensor] = {}
 

@@ -22,8 +22,10 @@ discarded), so every forward keeps its [B, q] shape.
 
 Cost against plain batched decoding (which needs no move): one gather of each model's cache per round
 in which rows accepted different counts, about twice the memory traffic of reading the cache once in
-attention; no extra cache memory (a moved cache is built, then replaces the old one or is copied into
-the static one in place).
+attention (`GenerationStats.move_s` measures it); no lasting extra memory (each layer's keys, then
+values, are gathered into a new tensor that replaces the old one or is copied back into the static
+cache in place, so one layer's tensor is the transient peak). Rows that finish early cost nothing more
+under the dynamic layout; under static shapes they keep costing their share of every forward.
 """
 
 from __future__ import annotations

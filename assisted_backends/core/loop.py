@@ -161,7 +161,7 @@ def decode(
     buffer.length += 1
     if settings.on_commit is not None:
         settings.on_commit(tokens)
-    if any(rows.live) and not all(rows.live):
+    if drop_finished and any(rows.live) and not all(rows.live):  # rows done at once leave (static: they ride)
         _move_rows(buffer, rows, [0] * batch, buffer.length, drop_finished, target, drafter)
     settings.synchronize()
     prefill_done = time.perf_counter()

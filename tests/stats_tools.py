@@ -38,12 +38,12 @@ def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor, min
     return float(torch.special.gammaincc(torch.tensor(degrees / 2.0, dtype=torch.float64), statistic / 2.0))
 
 
-def exact_joint(model, warpers: LogitsProcessorList) -> torch.Tensor:
-    """P(t_1..t_4 | PROMPT) under plain sampling: a [V]*4 tensor."""
+def exact_joint(model, warpers: LogitsProcessorList, prompt: torch.Tensor = PROMPT) -> torch.Tensor:
+    """P(t_1..t_4 | prompt) under plain sampling: a [V]*4 tensor."""
     continuations = torch.tensor(list(itertools.product(range(V), repeat=NEW - 1)))  # [V^3, 3]
-    inputs = torch.cat([PROMPT.expand(len(continuations), -1), continuations], dim=1)
+    inputs = torch.cat([prompt.expand(len(continuations), -1), continuations], dim=1)
     with torch.inference_mode():
-        logits = model(inputs).logits[:, PROMPT.shape[1] - 1 :, :].float()  # [V^3, 4, V]
+        logits = model(inputs).logits[:, prompt.shape[1] - 1 :, :].float()  # [V^3, 4, V]
     rows = logits.reshape(-1, V)
     for warper in warpers:
         rows = warper(None, rows)

@@ -147,6 +147,15 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
     decoding.add_argument(*_both("top_p"), dest="top_p", type=float, default=None)
     decoding.add_argument(*_both("repetition_penalty"), dest="repetition_penalty", type=float, default=None)
     decoding.add_argument("--seed", type=int, default=None)
+    decoding.add_argument(
+        *_both("batch_size"),
+        dest="batch_size",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="prompts per generate call (left-padded batch): generate takes one prompt per line of --prompt-file "
+        "(in batches of N) or --prompt repeated N times; benchmark runs N different prompts per case",
+    )
     decoding.add_argument("--prompt", default=None)
     decoding.add_argument(*_both("prompt_file"), dest="prompt_file", default=None)
     decoding.add_argument(
@@ -225,6 +234,8 @@ def validate(args: argparse.Namespace) -> None:
         raise ValueError("--plot draws the speedup per case and needs --task benchmark --compare")
     if args.prompt is not None and args.prompt_file is not None:
         raise ValueError("give either --prompt or --prompt-file, not both")
+    if args.batch_size > 1 and args.stream:
+        raise ValueError("--stream prints one sequence as it grows; drop it with --batch-size > 1")
     if args.task == "benchmark" and (args.chat or args.system is not None or args.stream):
         raise ValueError("--chat, --system and --stream belong to --task generate")
     if args.task == "generate" and (args.prompt_lengths or args.new_tokens or args.quick):

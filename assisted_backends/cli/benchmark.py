@@ -6,7 +6,10 @@ by the tokens generated after the first; Tokens/Sec = new tokens / Total Time. W
 plain and assisted runs alternate (A B, then B A) on every case; each pair gives one speedup, and the
 row shows their median with a distribution-free interval (`speedup_interval`). A case keeps adding
 pairs until that interval settles or `--time-limit` passes. EOS is ignored so every case generates
-exactly the tokens it names.
+exactly the tokens it names. With `--batch-size N` each case runs N different prompts of its length at
+once: New Tokens is per row, Tokens/Sec is the aggregate (all rows' tokens / Total Time), Row Latency
+the mean time until a row's last token; `--compare` then also times transformers' own batched
+`model.generate` (plain) in the same interleaved order.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import csv
 import json
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -30,12 +34,14 @@ QUICK_NEW_TOKENS = (64, 128)
 
 COLUMNS = [
     ("Example#", "example", "{}"),
+    ("Batch", "batch_size", "{}"),
     ("Prompt Length (tokens)", "prompt_tokens", "{}"),
     ("New Tokens Generated", "new_tokens", "{}"),
     ("Total Time (s)", "total_s", "{:.3f}"),
     ("Prefill Phase (ms)", "prefill_ms", "{:.1f}"),
     ("Time/Token (ms)", "time_per_token_ms", "{:.2f}"),
     ("Tokens/Sec", "tokens_per_s", "{:.1f}"),
+    ("Row Latency (s)", "row_latency_s", "{:.3f}"),
 ]
 ASSISTED_COLUMNS = [
     ("Acceptance Rate", "acceptance_rate", "{:.2f}"),
@@ -47,7 +53,9 @@ SPECULATIVE_COLUMNS = [
 ]
 COMPARE_COLUMNS = [
     ("Plain Tokens/Sec", "plain_tokens_per_s", "{:.1f}"),
+    ("transformers Tokens/Sec", "transformers_tokens_per_s", "{:.1f}"),
     ("Speedup", "speedup", "{:.2f}x"),
+    ("vs transformers", "speedup_vs_transformers", "{:.2f}x"),
     ("Speedup Interval", "speedup_interval_text", "{}"),
     ("Pairs", "pairs", "{}"),
     ("Settled", "settled_text", "{}"),
@@ -64,6 +72,8 @@ class Measurement:
     mean_accepted_length: float | None
     tokens_per_speculative_round: float | None = None
     plain_round_share: float | None = None
+    rows: int = 1
+    row_latency_s: float | None = None
 
 
 def prompt_source(session: Session) -> list[int]:
@@ -87,14 +97,20 @@ def prompt_source(session: Session) -> list[int]:
     return ids
 
 
-def make_prompt(source: list[int], length: int) -> torch.Tensor:
-    """Exactly `length` tokens (the source repeated if it is shorter)."""
-    repeats = -(-length // len(source))
-    return torch.tensor([(source * repeats)[:length]], dtype=torch.long)
+def make_prompt(source: list[int], length: int, rows: int = 1) -> torch.Tensor:
+    """[rows, length]: exactly `length` tokens per row (the source repeated if it is shorter), row b starting
+    b * length tokens further into the source, so the rows of a batch are different prompts."""
+    repeats = -(-length * rows // len(source)) + 1
+    tokens = source * repeats
+    return torch.tensor([tokens[b * length : (b + 1) * length] for b in range(rows)], dtype=torch.long)
 
 
-def _measure(session: Session, prompt: torch.Tensor, new_tokens: int, assisted: bool) -> tuple[Measurement, object]:
-    result = session.generate(prompt, new_tokens, assisted=assisted, ignore_eos=True)
+def _measure(session: Session, prompt: torch.Tensor, new_tokens: int, mode: str) -> tuple[Measurement, object]:
+    if mode == "transformers":
+        return _measure_transformers(session, prompt, new_tokens)
+    result = session.generate(
+        prompt, new_tokens, assisted=mode == "assisted", ignore_eos=True, attention_mask=_batch_mask(prompt)
+    )
     s = result.stats
     return Measurement(
         s.total_s,
@@ -105,7 +121,25 @@ def _measure(session: Session, prompt: torch.Tensor, new_tokens: int, assisted: 
         s.mean_accepted_length,
         s.tokens_per_speculative_round,
         s.plain_rounds / s.rounds if s.rounds else None,
+        rows=prompt.shape[0],
+        row_latency_s=statistics.mean(row.finished_s for row in s.rows) if prompt.shape[0] > 1 else None,
     ), result
+
+
+def _batch_mask(prompt: torch.Tensor) -> torch.Tensor | None:
+    return torch.ones_like(prompt) if prompt.shape[0] > 1 else None  # equal lengths: nothing is padded
+
+
+def _measure_transformers(session: Session, prompt: torch.Tensor, new_tokens: int) -> tuple[Measurement, object]:
+    """transformers' own plain `model.generate` on the same batch (no prefill split: it is not reported)."""
+    session.backend.synchronize()
+    began = time.perf_counter()
+    sequences = session.transformers_generate(prompt, torch.ones_like(prompt), new_tokens)
+    session.backend.synchronize()
+    total = time.perf_counter() - began
+    rows = prompt.shape[0]
+    new = (sequences.shape[1] - prompt.shape[1]) * rows
+    return Measurement(total, 0.0, total, new, None, None, rows=rows), None
 
 
 def _median_of(values) -> float | None:
@@ -115,18 +149,21 @@ def _median_of(values) -> float | None:
 
 def _median_row(runs: list[Measurement]) -> dict:
     total = statistics.median(m.total_s for m in runs)
-    new_tokens = runs[0].new_tokens
+    rows = runs[0].rows
+    new_tokens = runs[0].new_tokens // rows  # per row
     decode = statistics.median(m.decode_s for m in runs)
     rates = [m.acceptance_rate for m in runs if m.acceptance_rate is not None]
     lengths = [
         m.mean_accepted_length for m in runs if m.mean_accepted_length is not None and m.acceptance_rate is not None
     ]
     return {
+        "batch_size": rows,
         "new_tokens": new_tokens,
         "total_s": total,
         "prefill_ms": 1000 * statistics.median(m.prefill_s for m in runs),
         "time_per_token_ms": 1000 * decode / max(1, new_tokens - 1),
-        "tokens_per_s": new_tokens / total if total > 0 else float("inf"),
+        "tokens_per_s": new_tokens * rows / total if total > 0 else float("inf"),
+        "row_latency_s": _median_of(m.row_latency_s for m in runs),
         "acceptance_rate": statistics.median(rates) if rates else None,
         "mean_accepted_length": statistics.median(lengths) if lengths else None,
         "tokens_per_speculative_round": _median_of(m.tokens_per_speculative_round for m in runs),
@@ -140,23 +177,25 @@ def run_benchmark(session: Session, rows: list[dict]) -> str:
     prompt_lengths = args.prompt_lengths or (QUICK_PROMPT_LENGTHS if args.quick else DEFAULT_PROMPT_LENGTHS)
     new_token_counts = args.new_tokens or (QUICK_NEW_TOKENS if args.quick else DEFAULT_NEW_TOKENS)
     modes = ["plain", "assisted"] if args.compare else (["plain"] if args.no_assisted else ["assisted"])
+    if args.compare:
+        modes.insert(1, "transformers")
     source = prompt_source(session)
     cases = [(p, n) for p in prompt_lengths for n in new_token_counts]
 
-    warm = make_prompt(source, min(prompt_lengths))
+    warm = make_prompt(source, min(prompt_lengths), args.batch_size)
     for mode in modes:  # first-call costs (allocations, kernel selection) stay out of the table
-        session.generate(warm, 8, assisted=mode == "assisted", ignore_eos=True)
+        _measure(session, warm, 8, mode)
 
     sample = ""
     for example, (prompt_length, new_tokens) in enumerate(cases):
-        prompt = make_prompt(source, prompt_length)
+        prompt = make_prompt(source, prompt_length, args.batch_size)
         runs: dict[str, list[Measurement]] = {mode: [] for mode in modes}
 
         def measure_pair(repeat: int, prompt=prompt, new_tokens=new_tokens, runs=runs) -> float:
             nonlocal sample
             order = modes if repeat % 2 == 0 else list(reversed(modes))
             for mode in order:
-                measurement, result = _measure(session, prompt, new_tokens, assisted=mode == "assisted")
+                measurement, result = _measure(session, prompt, new_tokens, mode)
                 runs[mode].append(measurement)
                 if not sample and mode == modes[-1]:
                     sample = session.tokenizer.decode(result.sequences[0, prompt.shape[1] :], skip_special_tokens=True)
@@ -175,6 +214,8 @@ def run_benchmark(session: Session, rows: list[dict]) -> str:
             row["plain_total_s"] = plain["total_s"]
             row["plain_time_per_token_ms"] = plain["time_per_token_ms"]
             row["plain_tokens_per_s"] = plain["tokens_per_s"]
+            row["transformers_tokens_per_s"] = _median_row(runs["transformers"])["tokens_per_s"]
+            row["speedup_vs_transformers"] = row["tokens_per_s"] / row["transformers_tokens_per_s"]
             low, high = median_interval(speedups)
             row["speedup"] = statistics.median(speedups)
             row["speedup_interval"] = [low, high]
@@ -206,8 +247,14 @@ def legend(assisted: bool, compare: bool) -> str:
         lines.append(
             f"Speedup = median over interleaved pairs of plain time / assisted time; Speedup Interval holds that "
             f"median with >= {INTERVAL_COVERAGE:.0%} probability (min-max under 5 pairs); Settled = NO when the "
-            f"interval still contains 1 (the spread is wider than the effect): do not trust that row."
+            f"interval still contains 1 (the spread is wider than the effect): do not trust that row. "
+            f"transformers Tokens/Sec = its own model.generate (plain) on the same batch, timed in the same "
+            f"interleaved order; vs transformers = assisted Tokens/Sec / that."
         )
+    lines.append(
+        "Batch = prompts per call; Tokens/Sec counts every row's tokens; Row Latency = mean time until a row's "
+        "last token (batches only)."
+    )
     return "\n".join(lines)
 
 

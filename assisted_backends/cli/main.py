@@ -86,41 +86,68 @@ def _print_runtime(session, log) -> dict:
 
 def _generate_task(session, log) -> None:
     from assisted_backends.cli import prompting
-    from assisted_backends.cli.report import describe_stats
     from assisted_backends.demo.pair import DEMO_REPETITION_PENALTY
 
     args = session.args
     text = _read_prompt(args, session)
-    input_ids, shown = prompting.encode(session.tokenizer, text, args)
     if session.held_out_text is not None and args.repetition_penalty is None:
         args.repetition_penalty = DEMO_REPETITION_PENALTY
         print(f"note: demo pair: --repetition-penalty {DEMO_REPETITION_PENALTY} (pass 1.0 for plain greedy)", file=log)
-    streamer = prompting.streamer(session.tokenizer) if prompting.wants_stream(args) else None
     if session.held_out_text is not None and args.prompt_text is None and args.prompt is None:
         from assisted_backends.cli.session import DEMO_EXPLAINED
 
         print(DEMO_EXPLAINED, file=log)
+    if args.batch_size > 1:
+        texts = prompting.batch_prompts(text, args.prompt_text is not None, args.batch_size)
+        _generate_batches(session, texts, log)
+        return
+    input_ids, shown = prompting.encode(session.tokenizer, text, args)
+    streamer = prompting.streamer(session.tokenizer) if prompting.wants_stream(args) else None
     if streamer is not None:
         print(shown, end="", flush=True)
     result = session.generate(input_ids, args.max_new_tokens, assisted=session.assisted, streamer=streamer)
     new_ids = result.sequences[0, input_ids.shape[1] :]
     completion = session.tokenizer.decode(new_ids, skip_special_tokens=True)
-    stats = result.stats
     if streamer is None:  # streamed text already ends with the completion and a newline
         print(shown + completion)
-    print("\n" + describe_stats(stats), file=log)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(
-                {
-                    "text": completion,
-                    "generated_token_ids": new_ids.tolist(),
-                    "stats": stats.to_dict(),
-                    "runtime": session.runtime(),
-                },
-                handle,
-                indent=2,
-            )
+    _report_generation(session, [completion], [new_ids.tolist()], [result.stats], log)
+
+
+def _generate_batches(session, texts: list[str], log) -> None:
+    """--batch-size N: the prompts in batches of N; every completion printed under its prompt's number."""
+    from assisted_backends.cli import prompting
+
+    args = session.args
+    completions, token_ids, stats = [], [], []
+    for first in range(0, len(texts), args.batch_size):
+        chunk = texts[first : first + args.batch_size]
+        input_ids, mask, shown = prompting.encode_batch(session.tokenizer, chunk, args)
+        result = session.generate(input_ids, args.max_new_tokens, assisted=session.assisted, attention_mask=mask)
+        for row, row_stats in enumerate(result.stats.rows):
+            new_ids = result.sequences[row, input_ids.shape[1] : input_ids.shape[1] + row_stats.new_tokens]
+            completions.append(session.tokenizer.decode(new_ids, skip_special_tokens=True))
+            token_ids.append(new_ids.tolist())
+            print(f"--- prompt {first + row + 1} of {len(texts)}\n{shown[row]}{completions[-1]}")
+        stats.append(result.stats)
+    _report_generation(session, completions, token_ids, stats, log)
+
+
+def _report_generation(session, completions: list[str], token_ids: list[list[int]], stats: list, log) -> None:
+    """The statistics (one block per generate call) on stderr, and --json."""
+    from assisted_backends.cli.report import describe_stats
+
+    for call in stats:
+        print("\n" + describe_stats(call), file=log)
+    if session.args.json:
+        single = len(completions) == 1
+        record = {
+            "text": completions[0] if single else completions,
+            "generated_token_ids": token_ids[0] if single else token_ids,
+            "stats": stats[0].to_dict() if len(stats) == 1 else [call.to_dict() for call in stats],
+            "runtime": session.runtime(),
+        }
+        with open(session.args.json, "w", encoding="utf-8") as handle:
+            json.dump(record, handle, indent=2)
 
 
 def _write_benchmark(session, rows: list[dict], log) -> None:

@@ -1,5 +1,7 @@
 """The generate task's prompt and output: chat templates for instruct models, streaming to the terminal.
 
+`--batch-size N` generates N prompts per call (one per line of `--prompt-file`, or `--prompt` repeated),
+left-padded as `model.generate` expects.
 `--chat` renders the prompt (and `--system`, which implies `--chat`) with the tokenizer's own chat
 template and the assistant-turn opener, as instruct models are trained to see it; the rendered text
 is tokenized without adding special tokens again (the template writes them). `--stream` prints each
@@ -46,6 +48,40 @@ def encode(tokenizer, text: str, args: argparse.Namespace) -> tuple[torch.Tensor
         rendered = chat_text(tokenizer, text, args.system)
         return tokenizer(rendered, return_tensors="pt", add_special_tokens=False).input_ids, ""
     return tokenizer(text, return_tensors="pt").input_ids, text
+
+
+def padding_tokenizer(tokenizer):
+    """`tokenizer` set up for batches: left padding, and a pad token (its EOS or unknown token when it has none)."""
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        fallback = tokenizer.eos_token or tokenizer.unk_token
+        if fallback is None:
+            raise CLIError("--batch-size > 1: the tokenizer has no pad, EOS or unknown token to pad prompts with")
+        tokenizer.pad_token = fallback
+    return tokenizer
+
+
+def batch_prompts(text: str, from_file: bool, batch_size: int) -> list[str]:
+    """The prompts of a batched generate task: the file's non-empty lines, or the one prompt repeated."""
+    if batch_size == 1:
+        return [text]
+    if from_file:
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines:
+            raise CLIError("--prompt-file has no non-empty line: with --batch-size each line is one prompt")
+        return lines
+    return [text] * batch_size
+
+
+def encode_batch(tokenizer, texts: list[str], args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """(input_ids [B, P] left-padded, attention_mask [B, P], the text to show before each completion)."""
+    tokenizer = padding_tokenizer(tokenizer)
+    if wants_chat(args):
+        rendered = [chat_text(tokenizer, text, args.system) for text in texts]
+        encoded = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
+        return encoded.input_ids, encoded.attention_mask, [""] * len(texts)
+    encoded = tokenizer(texts, return_tensors="pt", padding=True)
+    return encoded.input_ids, encoded.attention_mask, list(texts)
 
 
 def streamer(tokenizer):

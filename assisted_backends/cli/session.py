@@ -57,9 +57,16 @@ class Session:
         return not self.args.no_assisted
 
     def generate(
-        self, input_ids: torch.Tensor, max_new_tokens: int, assisted: bool, ignore_eos: bool = False, streamer=None
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        assisted: bool,
+        ignore_eos: bool = False,
+        streamer=None,
+        attention_mask: torch.Tensor | None = None,
     ):
-        """One `assisted_backends.generate` call with the session's flags (`streamer`: see cli.prompting)."""
+        """One `assisted_backends.generate` call with the session's flags (`streamer`: see cli.prompting;
+        a batch comes left-padded with its `attention_mask`)."""
         args = self.args
         drafting = {}
         if assisted:
@@ -86,8 +93,27 @@ class Session:
             eos_token_id=[] if ignore_eos else None,
             streamer=streamer,
             backend=self.backend,
+            attention_mask=attention_mask,
+            pad_token_id=self.tokenizer.pad_token_id if attention_mask is not None else None,
             **drafting,
         )
+
+    def transformers_generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int):
+        """transformers' own `model.generate` (plain decoding) with the session's sampling flags, exactly
+        `max_new_tokens` new tokens per row (EOS ignored, as the benchmark's cases are)."""
+        args = self.args
+        sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p) if args.do_sample else {}
+        with torch.inference_mode():
+            return self.target.generate(
+                input_ids.to(self.backend.device),
+                attention_mask=attention_mask.to(self.backend.device),
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=args.do_sample,
+                repetition_penalty=args.repetition_penalty,
+                pad_token_id=self.tokenizer.pad_token_id,
+                **{k: v for k, v in sampling.items() if v is not None},
+            )
 
 
 def _pick_models(args: argparse.Namespace, notices: list[str]) -> tuple[str, str | None, str | None]:

@@ -224,12 +224,11 @@ def decode(
         target.rollback(buffer.length - 1)  # the newest committed token stays pending
         if drafter is not None and asked > 0:
             drafter.rollback(buffer)
-        if schedule is not None:
+        if schedule is not None:  # batches: the verify cost includes realigning the rows (it grows with γ too)
             row_accepted = tuple(n[b] for b in live) if buffer.batched else ()
+            verify_s = (time.perf_counter() if buffer.batched else verified_at) - drafted_at
             schedule.update(
-                RoundObservation(
-                    gamma, sum(n[b] for b in live), drafted_at - round_started, verified_at - drafted_at, row_accepted
-                )
+                RoundObservation(gamma, sum(n[b] for b in live), drafted_at - round_started, verify_s, row_accepted)
             )
 
     settings.synchronize()

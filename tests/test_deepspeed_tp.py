@@ -153,8 +153,10 @@ def test_two_cpu_ranks_match_one_process_and_hold_half_the_sharded_weights(tmp_p
     importlib.util.find_spec("deepspeed") is None and not os.environ.get("ASSISTED_BACKENDS_DEEPSPEED_LANE"),
     reason="needs deepspeed: pip install assisted_backends[deepspeed] (the CI lane .ci/lanes/deepspeed.sh does)",
 )
-def test_the_command_under_torchrun_matches_the_single_process_command(tmp_path):
-    """`torchrun --nproc_per_node 2 examples/run_assisted_generation.py ...`: same tokens, rank 0 alone prints."""
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_the_command_under_torchrun_matches_the_single_process_command(tmp_path, batch_size):
+    """`torchrun --nproc_per_node 2 examples/run_assisted_generation.py ...`: same tokens, rank 0 alone prints;
+    with `--batch-size 2`, two different prompts from a file in one batch."""
     from tiny_models import noisy_copy, tiny_model
 
     from assisted_backends.demo.corpus import read_corpus
@@ -179,9 +181,12 @@ def test_the_command_under_torchrun_matches_the_single_process_command(tmp_path)
         "16",
         "--num-assistant-tokens",
         "3",
-        "--prompt",
-        "def main():",
     ]
+    if batch_size == 1:
+        flags += ["--prompt", "def main():"]
+    else:
+        (tmp_path / "prompts.txt").write_text("def main():\nclass Stack:\n    def push(self, item):\n")
+        flags += ["--prompt-file", str(tmp_path / "prompts.txt"), "--batch-size", str(batch_size)]
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     single = subprocess.run(
         [sys.executable, script, *flags, "--json", str(tmp_path / "single.json")],
@@ -202,7 +207,9 @@ def test_the_command_under_torchrun_matches_the_single_process_command(tmp_path)
     assert multi.returncode == 0, multi.stdout[-3000:] + multi.stderr[-3000:]
     one = json.loads((tmp_path / "single.json").read_text())
     two = json.loads((tmp_path / "multi.json").read_text())
-    assert two["generated_token_ids"] == one["generated_token_ids"] and len(one["generated_token_ids"]) == 16
+    assert two["generated_token_ids"] == one["generated_token_ids"]
+    rows = one["generated_token_ids"] if batch_size > 1 else [one["generated_token_ids"]]
+    assert [len(row) for row in rows] == [16] * len(rows) and len(rows) == (3 if batch_size > 1 else 1)
     assert multi.stdout.count("def main():") == 1, "only rank 0 prints"
 
 

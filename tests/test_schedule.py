@@ -194,3 +194,29 @@ def test_exploration_repeats_only_for_a_draft_that_got_something_right(accepted_
     schedule.update(RoundObservation(3, accepted_first, **useless_costs))
     second = schedule.draft_length()
     assert (second == 3) == (explorations == 2), schedule.chosen
+
+
+def test_a_batch_whose_verify_pass_is_compute_bound_stops_speculating():
+    """Batches: every row adds one acceptance sample per round and the times are the batch's. When verifying
+    γ + 1 positions of the batch costs γ + 1 plain steps (compute bound), γ = 0 wins even with a good draft;
+    when it costs little more than one step, the same draft is used."""
+    generator = torch.Generator().manual_seed(0)
+
+    def run(verify_cost_per_position: float) -> list[int]:
+        schedule = AdaptiveSchedule(max_gamma=6, cost_prior=0.1)
+        for _ in range(120):
+            gamma = schedule.draft_length()
+            rows = []
+            for _ in range(16):  # 16 rows, α = 0.7 each
+                accepted = 0
+                while accepted < gamma and torch.rand((), generator=generator).item() < 0.7:
+                    accepted += 1
+                rows.append(accepted)
+            verify = 1.0 + verify_cost_per_position * gamma
+            schedule.update(RoundObservation(gamma, sum(rows), gamma * 0.1, verify, tuple(rows)))
+        return schedule.chosen
+
+    compute_bound = run(verify_cost_per_position=1.0)  # t_v(q) = q · t_v(1)
+    assert sum(gamma > 0 for gamma in compute_bound[-60:]) <= 2, "only the rare γ = 1 probes remain"
+    memory_bound = run(verify_cost_per_position=0.05)
+    assert min(memory_bound[-60:]) >= 2, "a cheap verify pass keeps a good draft drafting deep"

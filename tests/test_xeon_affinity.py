@@ -161,3 +161,18 @@ def test_cli_under_a_pinning_launcher_reports_the_affinity(saved_pair, tmp_path,
     assert "pinned to 1 CPU(s)" in runtime["thread_warning"]  # 2 threads on 1 core: warned, not failed
     assert runtime["draft_precision"].startswith("w8af32")
     assert f"cpu_affinity: {cpu}" in run.stderr  # the CLI prints what it reports
+
+
+def test_numactl_pinned_batch_run_of_the_command(tmp_path):
+    """The command under numactl with a batch: two prompts in one call, each with its own completion."""
+    _require("numactl")
+    out = tmp_path / "batch.json"
+    run = subprocess.run(
+        ["numactl", "-C", str(CPUS[0]), "-m", "0", sys.executable, "-m", "assisted_backends.cli", "--batch-size",
+         "2", "--max-new-tokens", "8", "--prompt", "def main():", "--no-stream", "--json", str(out)],
+        capture_output=True, text=True, env=_env(OMP_NUM_THREADS="1"), timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    record = json.loads(out.read_text())
+    first, second = record["generated_token_ids"]  # the same prompt twice: the same tokens, at most 8
+    assert first == second and 0 < len(first) <= 8 and record["stats"]["batch_size"] == 2

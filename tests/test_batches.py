@@ -243,10 +243,17 @@ def test_streaming_a_batch_is_refused_by_name():
     target, _ = pair("llama")
     ids, mask = left_padded(prompts())
 
-    class Sink:
-        def put(self, value): ...
+    class Sink:  # records what it is given: a batch must be refused before anything is streamed
+        def __init__(self) -> None:
+            self.calls: list[str] = []
 
-        def end(self): ...
+        def put(self, value) -> None:
+            self.calls.append("put")
 
+        def end(self) -> None:
+            self.calls.append("end")
+
+    sink = Sink()
     with pytest.raises(ValueError, match="streamer= streams one sequence, but input_ids holds 3 rows"):
-        generate(target, ids, attention_mask=mask, max_new_tokens=2, streamer=Sink())
+        generate(target, ids, attention_mask=mask, max_new_tokens=2, streamer=sink)
+    assert sink.calls == []

@@ -5,23 +5,33 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+class _Rates:
+    """α and tokens per round from the `drafted`, `accepted` and `rounds` counts of a dataclass below."""
+
+    drafted: int
+    accepted: int
+    rounds: int
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """α = accepted / drafted; None when nothing was drafted."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens gained per verification round, *including* the target's own token: (accepted + rounds) / rounds."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else None
+
+
 @dataclass
-class RowStats:
+class RowStats(_Rates):
     """One row of a batch: its new tokens, its rounds (those it took part in) and its latency."""
 
     new_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
     rounds: int = 0
-    finished_s: float = 0.0  # from the start of decoding until the row's last token was committed
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def mean_accepted_length(self) -> float | None:
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else None
+    finished_s: float = 0.0  # from the start of the call's prefill until the row's last token was committed
 
     def record_round(self, drafted: int, accepted: int) -> None:
         self.rounds += 1
@@ -30,7 +40,7 @@ class RowStats:
 
 
 @dataclass
-class GenerationStats:
+class GenerationStats(_Rates):
     """Counts and timings of one `generate` call.
 
     A *round* is one target verification pass after the prefill: it scores γ draft tokens plus one
@@ -63,16 +73,6 @@ class GenerationStats:
     rows: list[RowStats] = field(default_factory=list)
     row_moves: int = 0  # batches: rounds after which rows were realigned (`core.rows`)
     move_s: float = 0.0  # wall time of those realignments (inside decode_s)
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """α = accepted / drafted; None when nothing was drafted."""
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def mean_accepted_length(self) -> float | None:
-        """Tokens gained per verification round, *including* the target's own token: (accepted + rounds) / rounds."""
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else None
 
     @property
     def speculative_rounds(self) -> int:

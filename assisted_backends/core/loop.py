@@ -109,9 +109,8 @@ def _move_rows(
     move, pad, cut = plan_move(buffer.pad, accepted, rows.live, drop_finished, buffer.ids.device)
     if move is None:
         return length
-    kept = move.keep.tolist() if move.keep is not None else list(range(len(buffer.pad)))
-    buffer.move_rows(move, pad, kept)
-    rows.live = [rows.live[b] for b in kept]
+    buffer.move_rows(move, pad, move.kept)
+    rows.live = [rows.live[b] for b in move.kept]
     buffer.length = length - cut
     target.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
     if drafter is not None:

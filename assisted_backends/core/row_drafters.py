@@ -63,8 +63,7 @@ class RowwiseDrafter(Drafter):
             drafter.rollback(RowView(buffer, position))
 
     def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
-        kept = move.keep.tolist() if move.keep is not None else range(len(self.drafters))
-        self.drafters = [self.drafters[b] for b in kept]
+        self.drafters = [self.drafters[b] for b in move.kept]
         for drafter, shift, pad in zip(self.drafters, move.shifts, buffer.pad):
             drafter.shift_columns(shift, pad)
 

@@ -43,6 +43,7 @@ class RowMove:
     keep: torch.Tensor | None  # [B'] long
     shift: torch.Tensor  # [B'] long, on the device
     shifts: tuple[int, ...]  # the same on the host
+    kept: tuple[int, ...]  # the batch positions kept, on the host (all of them when `keep` is None)
     _indices: dict = field(default_factory=dict, compare=False, repr=False)  # flat row indices by shape
 
     @property
@@ -117,5 +118,5 @@ def plan_move(
     if len(kept) == len(pad) and not any(shifts):
         return None, new_pad, 0
     keep = torch.tensor(kept, device=device) if len(kept) != len(pad) else None
-    move = RowMove(keep, torch.tensor(shifts, device=device), tuple(shifts))
+    move = RowMove(keep, torch.tensor(shifts, device=device), tuple(shifts), tuple(kept))
     return move, new_pad, cut

@@ -76,7 +76,7 @@ class TokenBuffer:
         """Keep the new tokens of the row at batch `position`, whose last one sits at column end − 1."""
         self.results[self.rows[position]] = self.row_tokens(position, end, self.new_tokens[position]).clone()
 
-    def move_rows(self, move: RowMove, pad: list[int], kept: list[int]) -> None:
+    def move_rows(self, move: RowMove, pad: list[int], kept: tuple[int, ...]) -> None:
         """Apply `move` to the ids; `pad` and `kept` (batch positions kept) describe the rows after it."""
         self.ids = move.apply(self.ids)
         self.pad = pad

@@ -113,6 +113,29 @@ def test_smollm2_prompt_lookup_greedy(smollm2):
     assert result.stats.accepted > 0, "the answer copies the prompt's code: some looked-up tokens must be accepted"
 
 
+def test_smollm2_batch_with_prompt_lookup_gives_each_prompt_its_own_answer(smollm2):
+    """Three chat prompts of different lengths in one left-padded batch: each row's answer equals
+    model.generate on that prompt alone (fp32; rows accept different numbers of looked-up tokens)."""
+    model, tokenizer = smollm2
+    texts = [REWRITE, "What is the capital of France? Answer in one word.", f"Add a docstring to this:\n\n{CODE}"]
+    rows = [_chat_ids(tokenizer, text)[0] for text in texts]
+    width = max(row.shape[0] for row in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, width - row.shape[0] :], mask[b, width - row.shape[0] :] = row, 1
+    result = assisted_backends.generate(
+        model, ids, attention_mask=mask, prompt_lookup_num_tokens=10, max_new_tokens=NEW_TOKENS, pad_token_id=pad
+    )
+    for b, row in enumerate(rows):
+        alone = _plain(model, row[None])[0, row.shape[0] :]
+        got = result.sequences[b, width : width + alone.shape[0]]
+        assert torch.equal(got, alone), f"row {b}: {tokenizer.decode(got)!r} vs {tokenizer.decode(alone)!r}"
+        assert result.stats.rows[b].new_tokens == alone.shape[0]
+    assert result.stats.rows[0].accepted > 0, "the rewrite copies its prompt's code"
+
+
 def test_smollm2_early_exit_greedy(smollm2):
     model, tokenizer = smollm2
     ids = _chat_ids(tokenizer, "Write one sentence about the sea.")

@@ -7,7 +7,7 @@ N = max_b n_b over the rows still generating, row b moves right by s_b = N − n
 becomes left padding), then every row moves left by c = min_b (pad_b + s_b), which drops the padding all
 rows share. So the shared length after the round is that of the longest row, never more than
 prompt + max_new_tokens, and the tokens, the target's KV cache and the draft's KV cache move by the
-same per-row shift: one gather along the sequence axis (`RowMove`), skipped when every shift is 0.
+same per-row shift (`RowMove`: one row selection per tensor), skipped when no row moves.
 
 Why this and not the alternatives (DESIGN.md "Batches"):
 - ragged per-row write positions need a cache that writes each row at its own index; transformers'
@@ -20,10 +20,11 @@ were computed (and rotated) with. Rows that finish leave the batch under the dyn
 `index_select`, then smaller forwards); under static shapes they keep riding (their tokens are
 discarded), so every forward keeps its [B, q] shape.
 
-Cost against plain batched decoding (which needs no move): one gather of each model's cache per round
-in which rows accepted different counts, about twice the memory traffic of reading the cache once in
-attention (`GenerationStats.move_s` measures it); no lasting extra memory (each layer's keys, then
-values, are gathered into a new tensor that replaces the old one or is copied back into the static
+Cost against plain batched decoding (which needs no move): one copy of each model's cache per round
+in which rows moved, about twice the memory traffic of reading the cache once in attention
+(`GenerationStats.move_s` measures it: 1-7% of decode time in benchmarks/results/batched.json); no
+lasting extra memory (each layer's keys, then values, are copied into a new tensor that replaces the
+old one or is copied back into the static
 cache in place, so one layer's tensor is the transient peak). Rows that finish early cost nothing more
 under the dynamic layout; under static shapes they keep costing their share of every forward.
 """

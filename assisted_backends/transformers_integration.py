@@ -40,6 +40,7 @@ _REFUSED_ARGUMENTS = {
     "synced_gpus": "synced_gpus (ZeRO-3/FSDP) is not supported: see the DeepSpeed tensor-parallel launch instead",
     "inputs_embeds": "inputs_embeds is not supported: pass input_ids",
     "past_key_values": "a caller-provided cache is not supported: the package keeps its own",
+    "cache": "a caller-provided cache is not supported: the package keeps its own",  # transformers >= 5.24
 }
 _OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 _DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit")

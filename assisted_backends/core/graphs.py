@@ -120,7 +120,7 @@ class StepGraphs:
         cache: Any,
         start_position: Callable[[], int],
     ) -> torch.Tensor:
-        """Logits of `call(**tensors, **options, past_key_values=cache)`, replayed from a graph when possible.
+        """Logits of `call(**tensors, **options, cache=cache)` (`past_key_values` before transformers 5.24), replayed from a graph when possible.
 
         `start_position` returns the cache length before this step (asked only when capturing: a host sync).
         """
@@ -128,7 +128,7 @@ class StepGraphs:
         first_on_cache = self._bind(cache)
         if first_on_cache or query_length > self.max_query_tokens or not is_capturable_cache(cache):
             self.stats.eager_calls += 1
-            return call(**tensors, **options, past_key_values=cache).logits
+            return call(**tensors, **options, **hf_compat.cache_kwargs(call, cache)).logits
         signature = _signature(tensors, options)
         step = self._steps.get(signature)
         if step is not None:
@@ -144,7 +144,7 @@ class StepGraphs:
         inputs = {name: value.clone() for name, value in tensors.items()}
 
         def step() -> torch.Tensor:
-            return call(**inputs, **options, past_key_values=cache).logits
+            return call(**inputs, **options, **hf_compat.cache_kwargs(call, cache)).logits
 
         logits = self.runtime.warmup(step)  # the real result of this call
         graph, static_logits = self.runtime.capture(step)

@@ -27,6 +27,20 @@ def forward_accepts(model: torch.nn.Module, name: str) -> bool:
     return name in _forward_parameters(type(model))
 
 
+def cache_argument(model: torch.nn.Module) -> str | None:
+    """The forward argument a model takes its KV cache under: `cache` from transformers 5.24 on,
+    `past_key_values` before (5.24 still accepts it, with a deprecation warning, until 5.40); None if neither."""
+    for name in ("cache", "past_key_values"):
+        if forward_accepts(model, name):
+            return name
+    return None
+
+
+def cache_kwargs(model: torch.nn.Module, cache) -> dict:
+    """{argument: cache} for `model.forward` (see `cache_argument`)."""
+    return {cache_argument(model) or "past_key_values": cache}
+
+
 def logits_to_keep_kwargs(model: torch.nn.Module, keep: int) -> dict[str, int]:
     """Ask for the last `keep` positions' logits only (`logits_to_keep` in 5.x, `num_logits_to_keep` in 4.4x)."""
     for name in ("logits_to_keep", "num_logits_to_keep"):
@@ -89,7 +103,16 @@ def model_inputs(cache, attention_mask: torch.Tensor | None, query_length: int) 
 def keep_returned_cache(cache, output) -> None:
     """Store the tuple cache a legacy model returned (a no-op for Cache objects, updated in place)."""
     if isinstance(cache, LegacyCache):
-        cache.layers = tuple(output.past_key_values)
+        cache.layers = tuple(returned_cache(output))
+
+
+def returned_cache(output):
+    """The cache a forward returned: `output.cache` from transformers 5.24 on, `output.past_key_values` before."""
+    for name in ("cache", "past_key_values"):
+        value = getattr(output, name, None)
+        if value is not None:
+            return value
+    return None
 
 
 def dtype_kwargs(dtype: torch.dtype | None) -> dict[str, torch.dtype]:
@@ -131,9 +154,9 @@ def check_rollback_supported(model: PreTrainedModel, role: str) -> None:
             f"the {role} ({name}) keeps recurrent state that cannot be rolled back past a rejected draft token; "
             "assisted decoding needs an attention-only model"
         )
-    if not forward_accepts(model, "past_key_values"):
+    if cache_argument(model) is None:
         raise NotImplementedError(
-            f"the {role} ({name}) keeps no KV cache (its forward takes no past_key_values); "
+            f"the {role} ({name}) keeps no KV cache (its forward takes neither cache nor past_key_values); "
             "assisted decoding needs a model that caches keys and values"
         )
     config = text_config(model)

@@ -20,6 +20,7 @@ The fake is served through an import hook installed by `install()`, so every imp
 from __future__ import annotations
 
 import importlib.abc
+import inspect
 import importlib.machinery
 import sys
 import types
@@ -225,15 +226,16 @@ class FakeOptimumHabana:
 
     def gaudi_class(self, cls: type) -> type:
         fake = self
+        cache_name = "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"  # 5.24 renamed it
 
         def forward(module, *args, **kwargs):
             fake.forward_options.append({name: kwargs.pop(name) for name in GAUDI_OPTIONS if name in kwargs})
-            past = kwargs.get("past_key_values")
+            past = kwargs.get(cache_name)
             if past is not None and not isinstance(past, (tuple, list)):
                 raise TypeError("FAKE optimum-habana model: past_key_values must be tuples (HPU legacy cache path)")
-            kwargs["past_key_values"] = _cache_from_tuples(past)
+            kwargs[cache_name] = _cache_from_tuples(past)
             output = cls.forward(module, *args, **kwargs)
-            output.past_key_values = _tuples_from_cache(output.past_key_values)
+            setattr(output, cache_name, _tuples_from_cache(getattr(output, cache_name)))
             fake.tuple_caches += 1
             return output
 

@@ -195,11 +195,11 @@ def generate(
             prompt = torch.cat([prompt, prompt[:1].expand(riders, -1)])
             pads += pads[:1] * riders
 
-        def runner(m: PreTrainedModel, rows: list[int] | None = None) -> ModelRunner:
+        def runner(m: PreTrainedModel, rows: list[int] | None = None, head_on_demand: bool = False) -> ModelRunner:
             """A runner for `m` over the batch's rows (`rows`: those batch positions only)."""
             row_pads = pads if rows is None else [pads[b] for b in rows]
             layout = make_layout(layout_name, m, torch.tensor(row_pads, device=device_), capacity, policy.bucket)
-            return ModelRunner(m, layout, step_boundary=backend.step_boundary)
+            return ModelRunner(m, layout, step_boundary=backend.step_boundary, head_on_demand=head_on_demand)
 
         drafter = drafting.build_drafter(spec, target, draft, runner, policy.fixed_draft_length, len(pads))
         buffer = TokenBuffer(prompt, capacity, int(pad_id), pads, riders)
@@ -210,11 +210,14 @@ def generate(
             cache_layout=layout_name,
             backend=backend.name,
         )
+        head_on_demand = backend.head_on_demand and not policy.fixed_draft_length and ranks is None
         if sink is not None:
             sink.start(input_ids)
         with rank_agreement.watched(ranks, buffer, stats):  # multi-rank: errors name rank and step; tokens compared
             decode(
-                target=runner(target),
+                # the head on demand varies shapes and reads the acceptance per head call: one process,
+                # dynamic shapes, a backend whose host reads are free (`core.output_head`)
+                target=runner(target, head_on_demand=head_on_demand),
                 drafter=drafter,
                 buffer=buffer,
                 selector=TokenSelector(sampling, processors, offset=bucket_pad, row_processors=row_processors),

@@ -63,6 +63,9 @@ class Backend(ABC):
 
     name: str  # the device name users pass: "cpu", "cuda", "hpu", ...
     priority: int = 0  # higher wins in device="auto"
+    # Greedy verification may compute the target's head position by position (`core.output_head`): each
+    # extra head call follows a host read of the acceptance, free on a CPU; shapes then vary with it.
+    head_on_demand: bool = False
 
     def __init__(self, options: BackendOptions | None = None) -> None:
         self.options = options or BackendOptions()

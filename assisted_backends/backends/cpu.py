@@ -43,6 +43,7 @@ def _short(dtype: torch.dtype | None) -> str:
 class CPUBackend(Backend):
     name = "cpu"
     priority = 0
+    head_on_demand = True  # measured: Gemma 3 270M fp32, a head over 11 positions costs 2.5x one over 1
 
     def __init__(self, options=None) -> None:
         super().__init__(options)

@@ -19,6 +19,7 @@ import torch
 
 from assisted_backends.core.acceptance import greedy_accept, speculative_accept
 from assisted_backends.core.drafters import Drafter, Proposal
+from assisted_backends.core.output_head import HeadSplit, greedy_accept_on_demand
 from assisted_backends.core.rows import plan_move
 from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.sampling import TokenSelector, sample
@@ -44,6 +45,45 @@ def _choose_first(
     if selector.do_sample:
         return sample(selector.probabilities(logits, context, rows), generator)[:, -1]
     return selector.greedy(logits, context, rows)[:, -1]
+
+
+def _verify(
+    target: ModelRunner,
+    buffer: TokenBuffer,
+    start: int,
+    draft: torch.Tensor,
+    proposal: Proposal,
+    selector: TokenSelector,
+    generator,
+    split: HeadSplit | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One target pass over the pending token and the γ draft tokens: (n [B], next token [B], logits [B, m, V]).
+
+    m = γ + 1, except when the head runs on demand (greedy, `split` given and wanting it): then the
+    logits of position 1 come first and the rest only if some row accepted x_1 (`core.output_head`).
+    """
+    gamma = draft.shape[1]
+    tokens = buffer.ids[:, target.length : start + gamma]  # [B, γ+1]
+    prefixes = buffer.row_prefixes()
+    if split is not None and gamma > 0 and split.wanted():
+        hidden = target.forward(tokens, hidden_only=True)  # [B, γ+1, D]
+
+        def choose(logits: torch.Tensor, end: int) -> torch.Tensor:
+            return selector.greedy(logits, buffer.through(start + end - 1), prefixes)
+
+        return greedy_accept_on_demand(draft, hidden, target.head, choose, split)
+    logits = target.forward(tokens)  # [B, γ+1, V]
+    context = buffer.through(start + gamma)
+    if not selector.do_sample:
+        accepted, next_token = greedy_accept(draft, selector.greedy(logits, context, prefixes))
+        if split is not None and gamma > 0:
+            split.record_unsplit(bool((accepted > 0).any()))
+        return accepted, next_token, logits
+    p = selector.probabilities(logits, context, prefixes)  # [B, γ+1, V]
+    if gamma > 0:
+        accepted, next_token = speculative_accept(draft, proposal.q, p, generator)
+        return accepted, next_token, logits
+    return torch.zeros(p.shape[0], dtype=torch.long, device=p.device), sample(p[:, -1], generator), logits
 
 
 def _round_outcome(
@@ -139,6 +179,7 @@ def decode(
     started = time.perf_counter()
     rows = _Rows(buffer.ids.shape[0], buffer.riders, stats)
     drop_finished = not settings.fixed_draft_length and target.layout.name == "dynamic"
+    split = None  # greedy with the head on demand (`core.output_head`): decided after the prefill checked it
 
     # Prefill: the target sees the prompt and picks the first token. The drafter sees the committed
     # tokens only when it is first asked to draft, so a schedule that never speculates never pays for it.
@@ -162,6 +203,8 @@ def decode(
         settings.on_commit(tokens)
     if drop_finished and any(rows.live) and not all(rows.live):  # rows done at once leave (static: they ride)
         _move_rows(buffer, rows, [0] * batch, buffer.length, drop_finished, target, drafter)
+    if target.head_ready and not selector.do_sample:
+        split = HeadSplit()
     settings.synchronize()
     prefill_done = time.perf_counter()
 
@@ -183,26 +226,15 @@ def decode(
         asked, gamma = gamma, proposal.count
         draft = buffer.ids[:, start : start + gamma]  # [B, γ]
         drafted_at = time.perf_counter()
-        logits = target.forward(buffer.ids[:, target.length : start + gamma])  # [B, γ+1, V]
-        context = buffer.through(start + gamma)
-        prefixes = buffer.row_prefixes()
-        if selector.do_sample:
-            p = selector.probabilities(logits, context, prefixes)  # [B, γ+1, V]
-            if gamma > 0:
-                accepted, next_token = speculative_accept(draft, proposal.q, p, generator)
-            else:
-                accepted, next_token = (
-                    torch.zeros(p.shape[0], dtype=torch.long, device=p.device),
-                    sample(p[:, -1], generator),
-                )
-        else:
-            accepted, next_token = greedy_accept(draft, selector.greedy(logits, context, prefixes))
+        accepted, next_token, logits = _verify(target, buffer, start, draft, proposal, selector, generator, split)
+        stats.head_positions_skipped += gamma + 1 - logits.shape[1]
 
         span = buffer.ids[:, start : start + gamma + 1]  # [B, γ+1]: the draft, then scratch
         span.scatter_(1, accepted[:, None], next_token[:, None])  # the target's token after the n accepted
-        stops = (
-            settings.stop.hits(buffer.ids, start, gamma + 1, logits, prefixes) if settings.stop is not None else None
-        )
+        stops = None
+        if settings.stop is not None:  # positions past the computed logits lie past n: never committed
+            stops = settings.stop.hits(buffer.ids, start, logits.shape[1], logits, buffer.row_prefixes())
+            stops = torch.nn.functional.pad(stops, (0, gamma + 1 - logits.shape[1]), value=False)
         n, ends, tokens = _round_outcome(accepted, span, settings.eos_token_ids, stops, settings.on_commit is not None)
         verified_at = time.perf_counter()
         keep = {b: min(n[b] + 1, remaining[b], ends[b] + 1) for b in live}  # to the limit and the first EOS/stop

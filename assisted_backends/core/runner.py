@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 from transformers import PreTrainedModel
 
 from assisted_backends.core import hf_compat
 from assisted_backends.core.kv_cache import CacheLayout
+from assisted_backends.core.output_head import OnDemandHead
 from assisted_backends.core.rows import RowMove
 
 
@@ -19,6 +21,9 @@ class ModelRunner:
     a model's own position bookkeeping. Positions of tokens beyond the model's range (only ever
     fixed-shape filler past the last token that can be committed) are clamped; causality keeps
     them from touching any committed position.
+
+    `head_on_demand`: the loop may ask for the head's inputs instead of logits (`core.output_head`),
+    once the first prefill showed that applying the head itself reproduces the model's logits.
     """
 
     def __init__(
@@ -26,6 +31,7 @@ class ModelRunner:
         model: PreTrainedModel,
         layout: CacheLayout,
         step_boundary: Callable[[], None] = lambda: None,
+        head_on_demand: bool = False,
     ) -> None:
         self.model = model
         self.layout = layout
@@ -35,13 +41,20 @@ class ModelRunner:
         self._max_position = (limit - 1) if limit else None
         self._pass_cache_position = hf_compat.forward_accepts(model, "cache_position")
         self._keep_last = hf_compat.logits_to_keep_kwargs(model, 1)
+        self.head = OnDemandHead.of(model) if head_on_demand else None
+
+    @property
+    def head_ready(self) -> bool:
+        """Whether `forward(..., hidden_only=True)` may be used (the head's check passed)."""
+        return self.head is not None and bool(self.head.checked())
 
     @property
     def length(self) -> int:
         return self.layout.length
 
-    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Feed `tokens` [B, q] after the cached positions; return float logits [B, q or 1, V]."""
+    def forward(self, tokens: torch.Tensor, last_only: bool = False, hidden_only: bool = False) -> torch.Tensor:
+        """Feed `tokens` [B, q] after the cached positions; return float logits [B, q or 1, V], or with
+        `hidden_only` the head's inputs [B, q, D] (the head is skipped: `head.logits` applies it)."""
         query_length = tokens.shape[1]
         start = self.layout.length
         cache_position = torch.arange(start, start + query_length, device=tokens.device)  # [q]
@@ -51,22 +64,28 @@ class ModelRunner:
         if self._pass_cache_position:
             kwargs["cache_position"] = cache_position
         cache, mask = hf_compat.model_inputs(self.layout.cache, self.layout.attention_mask(query_length), query_length)
-        with torch.inference_mode():
+        checking = last_only and self.head is not None and self.head.checked() is None
+        capture = self.head.capture(skip=hidden_only) if (hidden_only or checking) else nullcontext()
+        with torch.inference_mode(), capture:
             output = self.model(
                 input_ids=tokens,
                 attention_mask=mask,
                 position_ids=position_ids,
-                past_key_values=cache,
                 use_cache=True,
+                **hf_compat.cache_kwargs(self.model, cache),
                 **kwargs,
             )
         hf_compat.keep_returned_cache(self.layout.cache, output)
         self.layout.advance(query_length)
         self.forward_count += 1
         self.step_boundary()
+        if hidden_only:
+            return self.head.captured
         logits = output.logits
         if last_only:
             logits = logits[:, -1:, :]
+        if checking:
+            self.head.check(logits)
         return logits.float()
 
     def rollback(self, length: int) -> None:

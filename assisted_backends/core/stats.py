@@ -73,6 +73,7 @@ class GenerationStats(_Rates):
     rows: list[RowStats] = field(default_factory=list)
     row_moves: int = 0  # batches: rounds after which rows were realigned (`core.rows`)
     move_s: float = 0.0  # wall time of those realignments (inside decode_s)
+    head_positions_skipped: int = 0  # verified positions whose logits were never computed (`core.output_head`)
 
     @property
     def speculative_rounds(self) -> int:

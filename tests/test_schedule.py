@@ -99,11 +99,29 @@ def test_verify_cost_interpolates_and_extrapolates_flat():
     assert verify(3) == 0.0
     verify.add(1, 1.5)  # a first call that paid for warm-up ...
     verify.add(1, 1.0)  # ... is replaced by a lower second sample
-    verify.add(5, 2.0)
+    verify.add(5, 3.0)  # q = 5 measured once: its first pass may be inflated ...
+    assert verify(5) == 1.0 and verify(9) == 1.0  # ... so it counts as at most the settled estimate
+    verify.add(5, 2.0)  # settled
     assert verify(1) == 1.0 and verify(5) == 2.0
     assert verify(3) == pytest.approx(1.5)
     assert verify(9) == 2.0
-    assert verify.samples(5) == 1 and verify.samples(3) == 0
+    assert verify.samples(5) == 2 and verify.samples(3) == 0
+    verify.add(7, 1.2)  # one sample below the settled estimate stands
+    assert verify(7) == 1.2
+
+
+def test_one_inflated_first_pass_does_not_end_speculation():
+    """Gemma 3 with prompt lookup: the first 3-token pass cost 2.5 plain steps (warm-up), later ones 1.2, and
+    the first draft was rejected; half of each later draft is accepted (speculation pays: E ≈ 2 per 1.2)."""
+    schedule = AdaptiveSchedule(max_gamma=4, initial=3)
+    seen: set[int] = set()
+    for _ in range(30):
+        gamma = schedule.draft_length()
+        verify = 1.0 if gamma == 0 else (1.2 if gamma in seen else 2.5)
+        accepted = (gamma + 1) // 2 if seen - {0} else 0
+        seen.add(gamma)
+        schedule.update(RoundObservation(gamma, accepted, 0.01 * gamma, verify))
+    assert schedule.chosen[-10:].count(0) <= 2, schedule.chosen
 
 
 def test_useless_draft_turns_speculation_off_and_probes():
@@ -220,3 +238,22 @@ def test_a_batch_whose_verify_pass_is_compute_bound_stops_speculating():
     assert sum(gamma > 0 for gamma in compute_bound[-60:]) <= 2, "only the rare γ = 1 probes remain"
     memory_bound = run(verify_cost_per_position=0.05)
     assert min(memory_bound[-60:]) >= 2, "a cheap verify pass keeps a good draft drafting deep"
+
+
+def test_a_free_drafter_finds_a_copied_span_after_spurious_matches():
+    """Prompt lookup (cost prior 0): 15 rounds of spurious matches (x_1 always rejected), then a copied span
+    (x_1 accepted 90%, later tokens 95%); every 4th lookup finds nothing (a plain round); a pass over q > 1
+    tokens costs 1.5 plain steps. The schedule must
+    be drafting deep again within the span, not wait for rare one-token probes."""
+    schedule = AdaptiveSchedule(max_gamma=10, cost_prior=0.0)
+    generator = torch.Generator().manual_seed(0)
+    for round_index in range(60):
+        gamma = schedule.draft_length() if round_index % 4 else 0 * schedule.draft_length()  # every 4th: no match
+        rates = [0.0] * 10 if round_index < 15 else [0.9] + [0.95] * 9
+        accepted = 0
+        while accepted < gamma and torch.rand((), generator=generator).item() < rates[accepted]:
+            accepted += 1
+        schedule.update(RoundObservation(gamma, accepted, 0.0, 1.0 if gamma == 0 else 1.5))
+    spurious, copying = schedule.chosen[5:15], schedule.chosen[35:]
+    assert spurious.count(0) >= 6, schedule.chosen
+    assert sum(gamma >= 5 for gamma in copying) >= 0.8 * len(copying), schedule.chosen

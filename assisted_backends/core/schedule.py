@@ -32,6 +32,11 @@ from typing import Protocol
 SCHEDULE_NAMES = ("adaptive", "constant")
 NEVER_PAYS_COST_RATIO = 0.9  # draft parameters / target parameters from which speculation is not tried
 COSTLY_DRAFT_RATIO = 0.25  # from this parameter ratio on, exploration drafts 1 token, not 3 (it costs γc steps)
+# A free drafter (prompt lookup) has regimes: a copied span accepts long runs, free text rejects x_1. Its
+# counts forget in a few rounds, and it explores and probes with the full γ_max (one token would not tell
+# a copy apart). Measured (Gemma 3 edit task, 64 tokens): 1.34x plain, where decay 0.95 with γ = 1
+# probes stayed plain after the first rejections (0.93x).
+FREE_DECAY = 0.8
 
 
 @dataclass(frozen=True)
@@ -151,8 +156,11 @@ class _PositionAcceptance:
 class _VerifyCost:
     """t_v(q), the wall time of one target pass over q tokens, one robust average per q.
 
-    A q not measured yet is interpolated between the nearest measured q below and above, or, past
-    the largest measured q, taken as equal to it: optimistic, so the schedule tries it and learns.
+    A q measured at least twice is *settled*. A q not settled is interpolated between the nearest
+    settled q below and above, or, past the largest settled q, taken as equal to it: optimistic, so the
+    schedule tries it and learns. A q measured once is taken as at most that estimate: the first pass of
+    a shape pays for its kernels and buffers (measured: 2.5 decode steps for Gemma 3's first 3-token pass
+    against 1.2 later), and one inflated sample must not rule a width out for good.
     """
 
     def __init__(self, max_query: int) -> None:
@@ -165,17 +173,25 @@ class _VerifyCost:
         return self.by_query[query_length].samples
 
     def __call__(self, query_length: int) -> float:
-        known = [(q, ema.value) for q, ema in enumerate(self.by_query) if ema.value is not None]
-        if not known:
+        measured = [(q, ema.value, ema.samples) for q, ema in enumerate(self.by_query) if ema.value is not None]
+        if not measured:
             return 0.0
-        below = [(q, v) for q, v in known if q <= query_length]
-        above = [(q, v) for q, v in known if q >= query_length]
-        if not below:
-            return above[0][1]
-        if not above:
-            return below[-1][1]
-        (q0, v0), (q1, v1) = below[-1], above[0]
-        return v0 if q1 == q0 else v0 + (v1 - v0) * (query_length - q0) / (q1 - q0)
+        settled = [(q, v) for q, v, samples in measured if samples >= 2] or [(q, v) for q, v, _ in measured]
+        estimate = _interpolate(settled, query_length)
+        own = self.by_query[query_length]
+        return min(own.value, estimate) if own.value is not None else estimate
+
+
+def _interpolate(known: list[tuple[int, float]], query_length: int) -> float:
+    """Linear between the nearest known q below and above `query_length`; the nearest one past either end."""
+    below = [(q, v) for q, v in known if q <= query_length]
+    above = [(q, v) for q, v in known if q >= query_length]
+    if not below:
+        return above[0][1]
+    if not above:
+        return below[-1][1]
+    (q0, v0), (q1, v1) = below[-1], above[0]
+    return v0 if q1 == q0 else v0 + (v1 - v0) * (query_length - q0) / (q1 - q0)
 
 
 class AdaptiveSchedule:
@@ -193,23 +209,26 @@ class AdaptiveSchedule:
     def __init__(
         self,
         max_gamma: int = 8,
-        initial: int | None = None,  # None: 3, or 1 for a draft with cost_prior >= COSTLY_DRAFT_RATIO
+        initial: int | None = None,  # None: 3, 1 for a draft with cost_prior >= COSTLY_DRAFT_RATIO, γ_max for a free one
         max_probe_interval: int = 256,  # a costly probe (a deep draft catching up on the plain rounds) stays rare
         probe_budget: float = 0.02,
         margin: float = 0.03,
-        decay: float = 0.95,
+        decay: float | None = None,  # None: 0.95, or FREE_DECAY for a free drafter
         cost_prior: float | None = None,
     ) -> None:
         if max_gamma < 1:
             raise ValueError(f"num_assistant_tokens (the adaptive schedule's maximum γ) must be >= 1, got {max_gamma}")
         self.max_gamma = max_gamma
+        self.free = cost_prior == 0.0  # no draft model (prompt lookup): trying costs only the verify pass
         if initial is None:
-            initial = 1 if cost_prior is not None and cost_prior >= COSTLY_DRAFT_RATIO else 3
+            costly = cost_prior is not None and cost_prior >= COSTLY_DRAFT_RATIO
+            initial = max_gamma if self.free else (1 if costly else 3)
         self.initial = min(initial, max_gamma)
+        self.probe_gamma = max_gamma if self.free else 1
         self.max_probe_interval = max_probe_interval
         self.probe_budget = probe_budget
+        decay = decay if decay is not None else (FREE_DECAY if self.free else 0.95)
         self.never = cost_prior is not None and cost_prior >= NEVER_PAYS_COST_RATIO
-        self.free = cost_prior == 0.0  # no draft model (prompt lookup): trying costs only the verify pass
         self.margin = margin
         self.acceptance = _PositionAcceptance(max_gamma, decay)
         self.draft_step = _Ema(0.3)  # t_d
@@ -230,10 +249,12 @@ class AdaptiveSchedule:
         return best if rates[best] > (1 + self.margin) * rates[0] else 0
 
     def probe_interval(self) -> int:
-        """Plain rounds between probes. A γ = 1 probe that accepts nothing costs (t_d + t_v(2) − t_v(1)) / t_v(1)
-        of a round more than plain decoding; probing that often keeps the overhead within `probe_budget`."""
+        """Plain rounds between probes. A probe of γ_p tokens that accepts nothing costs
+        (γ_p·t_d + t_v(γ_p + 1) − t_v(1)) / t_v(1) of a round more than plain decoding; probing that often keeps
+        the overhead within `probe_budget`."""
         plain = max(self.verify(1), 1e-9)
-        overhead = ((self.draft_step.value or 0.0) + max(0.0, self.verify(2) - plain)) / plain
+        probe = self.probe_gamma
+        overhead = (probe * (self.draft_step.value or 0.0) + max(0.0, self.verify(probe + 1) - plain)) / plain
         return max(2, min(self.max_probe_interval, math.ceil(overhead / self.probe_budget)))
 
     def draft_length(self) -> int:
@@ -248,7 +269,7 @@ class AdaptiveSchedule:
         else:
             gamma = self.best_gamma()
             if gamma == 0 and self.plain_streak >= self.probe_interval():
-                gamma = 1  # probe: has α risen?
+                gamma = self.probe_gamma  # probe: has α risen?
         self.chosen.append(gamma)
         return gamma
 

@@ -27,6 +27,7 @@ token-identical to transformers' plain `generate`.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import statistics
 import sys
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from xeon_common import write_result  # noqa: E402
 
 from assisted_backends import generate  # noqa: E402
+from assisted_backends.backends.cpu import CPUBackend  # noqa: E402
 from assisted_backends.core import hf_compat  # noqa: E402
 from assisted_backends.core.early_exit import early_exit_view  # noqa: E402
 from assisted_backends.core.schedule import leviathan_speedup  # noqa: E402
@@ -50,6 +52,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SMOL, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
 LOOKUP_TOKENS = 10  # transformers' documented prompt_lookup_num_tokens example value
 EARLY_EXIT_LAYERS = 12
+LLAMA_CPP_VERSION = "0.3.36"  # built here from PyPI's sdist (no wheel for this platform on PyPI)
 
 FUNCTION = """def merge_intervals(intervals, gap=0):
     result = []
@@ -141,11 +144,11 @@ def step_time(model, prompt: torch.Tensor, repeats: int = 9, query: int = 1) -> 
     """Median seconds of one forward over `query` tokens on a warm cache after `prompt`."""
     cache = hf_compat.new_dynamic_cache(model)
     with torch.inference_mode():
-        model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=prompt, use_cache=True, logits_to_keep=1, **hf_compat.cache_kwargs(model, cache))
         samples = []
         for _ in range(repeats):
             start = time.perf_counter()
-            model(input_ids=prompt[:, -query:], past_key_values=cache, use_cache=True)
+            model(input_ids=prompt[:, -query:], use_cache=True, **hf_compat.cache_kwargs(model, cache))
             samples.append(time.perf_counter() - start)
             hf_compat.crop_dynamic_cache(cache, prompt.shape[1])
     return statistics.median(samples)
@@ -155,7 +158,14 @@ def step_time(model, prompt: torch.Tensor, repeats: int = 9, query: int = 1) -> 
 
 
 def methods(
-    pair: str, dtype: torch.dtype, task: str, new_tokens: int, gammas: list[int], llama_cpp: bool, heuristic: bool
+    pair: str,
+    dtype: torch.dtype,
+    task: str,
+    new_tokens: int,
+    gammas: list[int],
+    llama_cpp: bool,
+    heuristic: bool,
+    full_head_runs: bool,
 ):
     """{method name: () -> list of new token ids (or None)}, the prompt, and the drafter's cost ratio c."""
     target_name, kind, argument = PAIRS[pair]
@@ -188,10 +198,15 @@ def methods(
     def ours(**extra) -> Callable[[], object]:
         return lambda: generate(target, prompt, **ours_common, **extra)
 
+    full_head = CPUBackend()
+    full_head.head_on_demand = False  # every verified position's logits, as before the on-demand head
+
     cases: dict[str, Callable[[], object]] = {"hf_plain": hf(), "ours_adaptive": ours(**ours_draft)}
     for gamma in gammas:
         fixed = dict(schedule="constant") if kind == "lookup" else dict(num_assistant_tokens=gamma)
         cases[f"ours_constant_{gamma}"] = ours(**ours_draft, **fixed)
+    if full_head_runs:  # the on-demand head's effect, measured in the same run (constant γ: same rounds)
+        cases[f"ours_full_head_{gammas[-1]}"] = ours(**ours_draft, **fixed, backend=full_head)
     if kind == "lookup":
         cases["hf_assisted"] = hf(**hf_draft)
     else:
@@ -242,6 +257,42 @@ def llama_cpp_methods(target_name: str, tokenizer, prompt, new_tokens: int, look
     return {name: runner(llm) for name, llm in models.items()}
 
 
+def llama_cpp_available() -> bool:
+    """Import `llama_cpp`, installing llama-cpp-python first if needed: from the wheel cached under
+    <cache>/wheels/llama_cpp, else built from PyPI's source distribution (no wheel for this platform
+    is published: about 5 minutes on 2 cores) and cached there. False, with the reason, if that fails."""
+    import importlib
+    import subprocess
+
+    from assisted_backends.model_files import cache_root
+
+    try:
+        importlib.import_module("llama_cpp")
+        return True
+    except ImportError:
+        pass
+    wheels = cache_root() / "wheels" / "llama_cpp"
+    if not list(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl")):
+        print(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {wheels} (once) ...", file=sys.stderr, flush=True)
+        build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels)]
+        environment = dict(
+            os.environ,
+            CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF",
+            CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 1),
+        )
+        done = subprocess.run([*build, f"llama-cpp-python=={LLAMA_CPP_VERSION}"], env=environment)
+        if done.returncode != 0:
+            print("llama-cpp-python did not build: llama.cpp columns skipped", file=sys.stderr)
+            return False
+    wheel = sorted(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl"))[-1]
+    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", str(wheel)]).returncode != 0:
+        print(f"installing {wheel} failed: llama.cpp columns skipped", file=sys.stderr)
+        return False
+    importlib.invalidate_caches()
+    importlib.import_module("llama_cpp")
+    return True
+
+
 # --- one case --------------------------------------------------------------------------------------
 
 
@@ -259,8 +310,9 @@ def measure(pair: str, dtype: str, threads: int, task: str, args) -> dict:
         task,
         args.new_tokens,
         args.gammas,
-        args.llama_cpp and not args.no_llama_cpp,
+        args.llama_cpp,
         args.hf_heuristic,
+        not args.no_full_head,
     )
     outputs = {name: run() for name, run in cases.items()}  # warm-up and identity
     reference = tokens_of(outputs["hf_plain"])
@@ -313,6 +365,10 @@ def measure(pair: str, dtype: str, threads: int, task: str, args) -> dict:
         "adaptive_rounds": adaptive.rounds,
         "adaptive_alpha": round(adaptive.acceptance_rate or 0.0, 3),
     }
+    full = f"ours_full_head_{gamma}"
+    if full in median:  # the on-demand head against every position's logits, same γ, same run
+        result["on_demand_head_speedup"] = round(median[full] / median[best], 3)
+        result["head_positions_skipped_per_round"] = round(best_stats.head_positions_skipped / best_stats.rounds, 2)
     if "llama_cpp_plain" in median and "llama_cpp_lookup" in median:
         result["llama_cpp_lookup_speedup"] = round(median["llama_cpp_plain"] / median["llama_cpp_lookup"], 3)
     return result
@@ -329,6 +385,8 @@ def summary_line(r: dict) -> str:
         f"α {r['alpha']:.2f} E {r['tokens_per_round_E']:.2f} c {r['c']:.2f}",
         f"S_E {r['S_E']:.2f} eff {r['efficiency_vs_S_E']:.2f}",
     ]
+    if "on_demand_head_speedup" in r:
+        parts.append(f"head on demand {r['on_demand_head_speedup']:.2f}x")
     if "llama_cpp_plain" in r["tokens_per_s"]:
         parts.append(f"llama.cpp plain {r['tokens_per_s']['llama_cpp_plain']:.1f} tok/s")
     if "llama_cpp_lookup_speedup" in r:
@@ -348,20 +406,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gammas", nargs="+", type=int, default=[4], help="constant γ tried for model drafts")
     parser.add_argument("--hf-heuristic", action="store_true", help="also transformers' default γ schedule")
-    parser.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when installed")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp (else built once and cached)")
+    parser.add_argument("--no-full-head", action="store_true", help="skip the run without the on-demand head")
     parser.add_argument("--quick", action="store_true", help="edit task, 32 new tokens, 2 repeats, γ 4 only")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.quick:
         args.tasks, args.new_tokens, args.repeats, args.gammas = ["edit"], 32, 2, [4]
     warnings.filterwarnings("ignore")
-    try:
-        import llama_cpp  # noqa: F401
-
-        args.llama_cpp = True
-    except ImportError:
-        args.llama_cpp = False
-        print("llama-cpp-python is not installed: llama.cpp columns skipped", file=sys.stderr)
+    args.llama_cpp = not args.no_llama_cpp and llama_cpp_available()
     out = Path(args.out) if args.out else RESULTS / ("real_models_quick.json" if args.quick else "real_models.json")
     command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/real_models.py", *sys.argv[1:]])
     results = []
@@ -374,7 +427,7 @@ def main() -> None:
                     print(summary_line(results[-1]), flush=True)
                     payload = {
                         "what": __doc__.split("\n\n")[2].replace("\n", " "),
-                        "llama_cpp": args.llama_cpp and not args.no_llama_cpp,
+                        "llama_cpp": args.llama_cpp,
                         "notes": "time_vs_hf_plain < 1 is faster; speedups > 1 are faster; spread = [min, max]",
                         "results": results,
                     }

@@ -201,7 +201,13 @@ def generate(
             layout = make_layout(layout_name, m, torch.tensor(row_pads, device=device_), capacity, policy.bucket)
             return ModelRunner(m, layout, step_boundary=backend.step_boundary, head_on_demand=head_on_demand)
 
-        drafter = drafting.build_drafter(spec, target, draft, runner, policy.fixed_draft_length, len(pads))
+        # the head on demand varies shapes and reads the acceptance per head call: one process,
+        # dynamic shapes, a backend whose host reads are free (`core.output_head`)
+        head_on_demand = backend.head_on_demand and not policy.fixed_draft_length and ranks is None
+        target_runner = runner(target, head_on_demand=head_on_demand)
+        drafter = drafting.build_drafter(
+            spec, target, draft, runner, policy.fixed_draft_length, len(pads), target_runner=target_runner
+        )
         buffer = TokenBuffer(prompt, capacity, int(pad_id), pads, riders)
         eos_tensor = torch.tensor(eos_ids, device=device_) if eos_ids else None
         stats = GenerationStats(
@@ -210,14 +216,11 @@ def generate(
             cache_layout=layout_name,
             backend=backend.name,
         )
-        head_on_demand = backend.head_on_demand and not policy.fixed_draft_length and ranks is None
         if sink is not None:
             sink.start(input_ids)
         with rank_agreement.watched(ranks, buffer, stats):  # multi-rank: errors name rank and step; tokens compared
             decode(
-                # the head on demand varies shapes and reads the acceptance per head call: one process,
-                # dynamic shapes, a backend whose host reads are free (`core.output_head`)
-                target=runner(target, head_on_demand=head_on_demand),
+                target=target_runner,
                 drafter=drafter,
                 buffer=buffer,
                 selector=TokenSelector(sampling, processors, offset=bucket_pad, row_processors=row_processors),

@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from assisted_backends.core.drafters import Drafter, ModelDrafter
-from assisted_backends.core.early_exit import early_exit_view
+from assisted_backends.core.early_exit import EarlyExitDrafter, early_exit_view
 from assisted_backends.core.prompt_lookup import PromptLookupDrafter
 from assisted_backends.core.row_drafters import RowwiseDrafter
 from assisted_backends.core.runner import ModelRunner
@@ -150,14 +150,18 @@ def build_drafter(
     make_runner: RunnerFactory,
     fixed_draft_length: bool = False,
     batch_size: int = 1,
+    *,
+    target_runner: ModelRunner,
 ) -> Drafter | None:
     """The drafter for `spec` (None: plain decoding). `prepared_draft` is the backend-prepared assistant;
     `fixed_draft_length` (static shapes) asks for exactly γ tokens every round. A draft of another
-    tokenizer drafts a batch row by row (`core.row_drafters`)."""
+    tokenizer drafts a batch row by row (`core.row_drafters`). `target_runner`: the target's runner, whose
+    cache an early-exit draft reads its layers' keys and values from."""
     if spec.prompt_lookup_num_tokens is not None:
         return PromptLookupDrafter(vocab_size(target), fixed_length=fixed_draft_length)
     if spec.assistant_early_exit is not None:
-        return ModelDrafter(make_runner(early_exit_view(target, spec.assistant_early_exit)), name="early_exit")
+        view = make_runner(early_exit_view(target, spec.assistant_early_exit))
+        return EarlyExitDrafter(view, target_runner, spec.assistant_early_exit)
     if prepared_draft is None:
         return None
     if needs_translation(spec, target):

@@ -36,7 +36,7 @@ from tiny_models import noisy_copy
 
 from assisted_backends import generate
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "one_token_matches")  # lookups to verify on random models
 
 PROMPT_LENGTH = WINDOW + 3  # the prompt alone already fills the window
 NEW_TOKENS = 2 * WINDOW + 1

@@ -50,3 +50,36 @@ def test_early_exit_depth_is_validated(layers):
     target = tiny_model("llama", seed=0, layers=4)
     with pytest.raises(ValueError, match="assistant_early_exit must be between 1 and 3"):
         generate(target, random_prompt(3, seed=0), assistant_early_exit=layers, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt"])
+def test_the_view_reads_its_layers_keys_and_values_from_the_target_cache(arch):
+    """Dynamic layout: the view runs no prompt pass and no catch-up of its own (one draft forward per drafted
+    token), and what it copied equals what it would have computed; tokens stay those of model.generate."""
+    target = tiny_model(arch, seed=0, layers=4)
+    prompt = random_prompt(9, seed=3)
+    result = generate(target, prompt, assistant_early_exit=2, max_new_tokens=20, num_assistant_tokens=3)
+    assert torch.equal(result.sequences, reference_greedy(target, prompt, 20))
+    assert result.stats.draft_forwards == result.stats.drafted  # no prompt pass: the copy replaced it
+    static = generate(
+        target, prompt, assistant_early_exit=2, max_new_tokens=20, num_assistant_tokens=3, cache_layout="static"
+    )
+    assert static.stats.draft_forwards == static.stats.drafted + 1  # the static layout feeds the prompt itself
+
+    from assisted_backends.core import hf_compat
+    from assisted_backends.core.kv_cache import make_layout
+    from assisted_backends.core.runner import ModelRunner
+
+    def runner(model):
+        return ModelRunner(model, make_layout("dynamic", model, torch.zeros(1, dtype=torch.long), 64, 16))
+
+    full, copied, computed = runner(target), runner(early_exit_view(target, 2)), runner(early_exit_view(target, 2))
+    full.forward(prompt)
+    assert copied.extend_from(full, 2, 8) and copied.length == 8
+    computed.forward(prompt[:, :8])
+    for layer in range(2):
+        for mine, theirs in zip(
+            hf_compat.layer_keys_values(copied.layout.cache, layer),
+            hf_compat.layer_keys_values(computed.layout.cache, layer),
+        ):
+            torch.testing.assert_close(mine, theirs)

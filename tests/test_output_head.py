@@ -22,7 +22,7 @@ from transformers import LlamaForCausalLM
 from assisted_backends import generate
 from assisted_backends.core.output_head import HeadSplit, OnDemandHead
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "one_token_matches")  # lookups to verify on random models
 
 NEW_TOKENS = 24
 TRANSFORMED = {  # model_type: config changes that make the transform after the head change the argmax
@@ -75,7 +75,7 @@ class BiasedLlama(LlamaForCausalLM):
         output.logits = output.logits + bias
         return output
 
-    forward.__signature__ = inspect.signature(LlamaForCausalLM.forward)  # the cache argument, named as this version names it
+    forward.__signature__ = inspect.signature(LlamaForCausalLM.forward)  # names the cache argument as this version does
 
 
 def test_an_unknown_transform_after_the_head_turns_it_off():

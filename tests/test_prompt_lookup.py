@@ -21,11 +21,13 @@ def test_lookup_takes_the_latest_longest_match():
     assert lookup(torch.tensor([1, 2, 1]), max_ngram=3, count=5).tolist() == [2, 1]  # clipped at the end
     assert lookup(torch.tensor([1, 2, 3]), max_ngram=3, count=4).tolist() == []  # no match
     assert lookup(torch.tensor([7]), max_ngram=3, count=4).tolist() == []
+    assert lookup(ids, max_ngram=2, count=2, min_ngram=2).tolist() == [6, 0]
+    assert lookup(torch.tensor([5, 1, 2, 9, 8, 2]), max_ngram=3, count=2, min_ngram=2).tolist() == []  # "2" alone
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("static_shapes", [False, True])
-def test_greedy_identity(arch, static_shapes):
+def test_greedy_identity(arch, static_shapes, one_token_matches):
     target = tiny_model(arch, seed=0)
     drafted = accepted = 0
     for seed in range(4):
@@ -88,7 +90,7 @@ def test_sampling_with_prompt_lookup_matches_plain_sampling():
     )
 
 
-def test_adaptive_schedule_drives_prompt_lookup_up_to_its_token_count():
+def test_adaptive_schedule_drives_prompt_lookup_up_to_its_token_count(one_token_matches):
     """Without num_assistant_tokens the adaptive schedule chooses γ ≤ prompt_lookup_num_tokens (it starts
     with plain rounds to measure the target); num_assistant_tokens or schedule='constant' fix γ at the
     lookup's count, as transformers uses it."""
@@ -105,3 +107,18 @@ def test_adaptive_schedule_drives_prompt_lookup_up_to_its_token_count():
         assert constant.stats.schedule == "ConstantSchedule"
         assert torch.equal(constant.sequences, expected)
         assert max(i + 1 for i, n in enumerate(constant.stats.per_position_drafted) if n) == 5
+
+
+def test_the_drafter_needs_a_two_token_match_by_default():
+    """A lone repeated token ("2" below) proposes nothing; the bigram "1 2" proposes what followed it."""
+    from assisted_backends.core.prompt_lookup import PromptLookupDrafter
+    from assisted_backends.core.sampling import SamplingConfig, TokenSelector
+    from assisted_backends.core.tokens import TokenBuffer
+
+    def proposed(ids: list[int]) -> list[int]:
+        buffer = TokenBuffer(torch.tensor([ids]), len(ids) + 8, 0, [0], 0)
+        count = PromptLookupDrafter(vocab_size=16).propose(buffer, 3, TokenSelector(SamplingConfig()), None).count
+        return buffer.ids[0, len(ids) : len(ids) + count].tolist()
+
+    assert proposed([5, 7, 2, 9, 8, 2]) == []
+    assert proposed([5, 1, 2, 9, 8, 1, 2]) == [9, 8, 1]

@@ -120,7 +120,8 @@ class StepGraphs:
         cache: Any,
         start_position: Callable[[], int],
     ) -> torch.Tensor:
-        """Logits of `call(**tensors, **options, cache=cache)` (`past_key_values` before transformers 5.24), replayed from a graph when possible.
+        """Logits of `call(**tensors, **options, cache=cache)`, replayed from a graph when possible (the cache
+        argument is `past_key_values` before transformers 5.24).
 
         `start_position` returns the cache length before this step (asked only when capturing: a host sync).
         """

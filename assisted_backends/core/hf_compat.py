@@ -293,6 +293,26 @@ def move_cache_rows(cache, move, written: int, width: int, in_place: bool) -> No
             tensors[:] = [moved(tensor) for tensor in tensors]
 
 
+def layer_keys_values(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys, values) [B, H, T, D] of one layer of a Cache object."""
+    layers = getattr(cache, "layers", None)
+    if layers and hasattr(layers[0], "keys"):  # transformers >= 4.54: one object per layer
+        return layers[layer].keys, layers[layer].values
+    return cache.key_cache[layer], cache.value_cache[layer]  # transformers 4.5x: two lists
+
+
+def copy_cache_positions(source, destination, layers: int, begin: int, end: int) -> bool:
+    """Append positions [begin, end) of the first `layers` layers of `source` to `destination` (which holds
+    `begin` positions). Dynamic caches only: False for any other kind, and nothing is copied."""
+    if not (isinstance(source, DynamicCache) and isinstance(destination, DynamicCache)) or end <= begin:
+        return end <= begin and isinstance(destination, DynamicCache)
+    for layer in range(layers):
+        keys, values = layer_keys_values(source, layer)
+        with torch.inference_mode():  # the caches' tensors were made in inference mode
+            destination.update(keys[..., begin:end, :].clone(), values[..., begin:end, :].clone(), layer)
+    return True
+
+
 def max_positions(model: PreTrainedModel) -> int | None:
     """The longest sequence the model's position encoding supports, when the config states one."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

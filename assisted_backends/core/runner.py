@@ -88,6 +88,17 @@ class ModelRunner:
             self.head.check(logits)
         return logits.float()
 
+    def extend_from(self, source: ModelRunner, layers: int, end: int) -> bool:
+        """Take positions [length, end) of the first `layers` layers from `source`'s cache instead of computing
+        them (an early-exit view: the same weights computed them). False, with nothing changed, where a
+        layout cannot (static layouts, tuple caches): the caller feeds those tokens instead."""
+        if self.layout.name != "dynamic" or source.layout.name != "dynamic" or end > source.length:
+            return False
+        if not hf_compat.copy_cache_positions(source.layout.cache, self.layout.cache, layers, self.length, end):
+            return False
+        self.layout.advance(max(0, end - self.length))
+        return True
+
     def rollback(self, length: int) -> None:
         self.layout.rollback(length)
 

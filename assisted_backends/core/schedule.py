@@ -209,7 +209,7 @@ class AdaptiveSchedule:
     def __init__(
         self,
         max_gamma: int = 8,
-        initial: int | None = None,  # None: 3, 1 for a draft with cost_prior >= COSTLY_DRAFT_RATIO, γ_max for a free one
+        initial: int | None = None,  # None: 3; 1 if cost_prior >= COSTLY_DRAFT_RATIO; γ_max for a free drafter
         max_probe_interval: int = 256,  # a costly probe (a deep draft catching up on the plain rounds) stays rare
         probe_budget: float = 0.02,
         margin: float = 0.03,

@@ -20,8 +20,8 @@ The fake is served through an import hook installed by `install()`, so every imp
 from __future__ import annotations
 
 import importlib.abc
-import inspect
 import importlib.machinery
+import inspect
 import sys
 import types
 from dataclasses import dataclass, field
@@ -226,7 +226,8 @@ class FakeOptimumHabana:
 
     def gaudi_class(self, cls: type) -> type:
         fake = self
-        cache_name = "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"  # 5.24 renamed it
+        parameters = inspect.signature(cls.forward).parameters
+        cache_name = "cache" if "cache" in parameters else "past_key_values"  # renamed in transformers 5.24
 
         def forward(module, *args, **kwargs):
             fake.forward_options.append({name: kwargs.pop(name) for name in GAUDI_OPTIONS if name in kwargs})

@@ -161,6 +161,7 @@ def generate(
         gamma_limit or MAX_ADAPTIVE_GAMMA,
         cost_prior=drafting.parameter_ratio(spec, model),
         seeded_sampling=sampling.do_sample and seed is not None,
+        horizon=max_new_tokens,
     )
     max_gamma = getattr(draft_schedule, "gamma", None) or draft_schedule.max_gamma
 

@@ -117,10 +117,10 @@ def test_a_batch_skips_only_when_no_row_accepted_x1():
 def test_head_split_follows_the_first_position_acceptance_and_the_head_costs():
     split = HeadSplit(weight=0.5)
     assert not split.wanted()  # nothing known: π = 1/2, not below the default threshold 1/2
-    split.record_unsplit(False)
+    split.record_outcome(False)
     assert split.wanted()  # x_1 rejected: π = 1/4
     for _ in range(4):
-        split.record_unsplit(True)
+        split.record_outcome(True)
     assert not split.wanted()  # π ≈ 0.95
     split.record_first(False, seconds=0.010)
     split.record_rest(0.100)  # t_1 / t_rest = 0.1: splitting pays up to π = 0.9

@@ -257,3 +257,16 @@ def test_a_free_drafter_finds_a_copied_span_after_spurious_matches():
     spurious, copying = schedule.chosen[5:15], schedule.chosen[35:]
     assert spurious.count(0) >= 6, schedule.chosen
     assert sum(gamma >= 5 for gamma in copying) >= 0.8 * len(copying), schedule.chosen
+
+
+def test_no_probe_when_too_few_tokens_are_left_to_use_what_it_finds():
+    """A useless draft: probes every `probe_interval()` plain rounds, but none in the last interval of the
+    generation when the schedule knows its horizon (each round here makes one token)."""
+    knowing, blind = AdaptiveSchedule(max_gamma=8, horizon=100), AdaptiveSchedule(max_gamma=8)
+    for schedule in (knowing, blind):
+        _drive(schedule, alpha=0.0, t_draft=0.3, t_target=1.0, rounds=100)
+    interval = knowing.probe_interval()
+    assert 5 <= interval <= 30
+    assert any(gamma > 0 for gamma in knowing.chosen[10:-interval]), "probes still run while tokens are left"
+    assert all(gamma == 0 for gamma in knowing.chosen[-interval:]), knowing.chosen
+    assert any(gamma > 0 for gamma in blind.chosen[-interval - 1 :]), blind.chosen

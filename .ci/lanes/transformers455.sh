@@ -26,4 +26,4 @@ source .ci/pytest_lane.sh
 run_pytest "$venv/bin/python" -q -p no:cacheprovider \
   tests/test_dropin.py tests/test_streaming.py tests/test_stop_strings.py tests/test_api_inputs.py \
   tests/test_cli_chat_stream.py tests/test_hpu_backend.py tests/test_stopping.py tests/test_greedy_identity.py \
-  tests/test_batches.py "$@"
+  tests/test_batches.py tests/test_output_head.py tests/test_early_exit.py "$@"

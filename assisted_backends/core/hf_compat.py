@@ -304,9 +304,9 @@ def layer_keys_values(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
 def copy_cache_positions(source, destination, layers: int, begin: int, end: int) -> bool:
     """Append positions [begin, end) of the first `layers` layers of `source` to `destination` (which holds
     `begin` positions). Dynamic caches only: False for any other kind, and nothing is copied."""
-    if not (isinstance(source, DynamicCache) and isinstance(destination, DynamicCache)) or end <= begin:
-        return end <= begin and isinstance(destination, DynamicCache)
-    for layer in range(layers):
+    if not (isinstance(source, DynamicCache) and isinstance(destination, DynamicCache)):
+        return False
+    for layer in range(layers if end > begin else 0):
         keys, values = layer_keys_values(source, layer)
         with torch.inference_mode():  # the caches' tensors were made in inference mode
             destination.update(keys[..., begin:end, :].clone(), values[..., begin:end, :].clone(), layer)

@@ -54,7 +54,7 @@ def _verify(
     draft: torch.Tensor,
     proposal: Proposal,
     selector: TokenSelector,
-    generator,
+    generator: torch.Generator | None,
     split: HeadSplit | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One target pass over the pending token and the γ draft tokens: (n [B], next token [B], logits [B, m, V]).
@@ -77,7 +77,7 @@ def _verify(
     if not selector.do_sample:
         accepted, next_token = greedy_accept(draft, selector.greedy(logits, context, prefixes))
         if split is not None and gamma > 0:
-            split.record_unsplit(bool((accepted > 0).any()))
+            split.record_outcome(bool((accepted > 0).any()))
         return accepted, next_token, logits
     p = selector.probabilities(logits, context, prefixes)  # [B, γ+1, V]
     if gamma > 0:

@@ -116,17 +116,17 @@ class HeadSplit:
             return self.first_accepted < 0.5
         return self.first_accepted < 1.0 - self.first_s / max(self.rest_s, 1e-9)
 
-    def record_first(self, accepted: bool, seconds: float) -> None:
-        """A split round's position 1: whether some row accepted x_1, and what its head cost."""
+    def record_outcome(self, accepted: bool) -> None:
+        """Whether some row accepted x_1 this round (split or not)."""
         self.first_accepted += self.weight * (float(accepted) - self.first_accepted)
+
+    def record_first(self, accepted: bool, seconds: float) -> None:
+        """A split round's position 1: the outcome, and what its head cost."""
+        self.record_outcome(accepted)
         self.first_s = self._average(self.first_s, seconds)
 
     def record_rest(self, seconds: float) -> None:
         self.rest_s = self._average(self.rest_s, seconds)
-
-    def record_unsplit(self, accepted: bool) -> None:
-        """A round that computed every position at once: π still follows x_1's fate."""
-        self.first_accepted += self.weight * (float(accepted) - self.first_accepted)
 
     def _average(self, old: float | None, seconds: float) -> float:
         return seconds if old is None else old + self.weight * (seconds - old)

@@ -51,12 +51,6 @@ class RoundObservation:
 
 
 class DraftSchedule(Protocol):
-    def worth_probing(self) -> bool:
-        """A probe pays back over the rounds after it: none is made with fewer tokens left than the plain
-        rounds whose budget pays for it (measured: Gemma 3 drafted by SmolLM2 probed 55 rounds into a 64-token
-        answer, the draft catching up on all of them for nothing)."""
-        return self.horizon is None or self.horizon - self.made > self.probe_interval()
-
     def draft_length(self) -> int:
         """γ for the next round (0 means: no speculation this round)."""
 
@@ -71,12 +65,6 @@ class ConstantSchedule:
         if gamma < 1:
             raise ValueError(f"num_assistant_tokens must be >= 1, got {gamma}")
         self.gamma = gamma
-
-    def worth_probing(self) -> bool:
-        """A probe pays back over the rounds after it: none is made with fewer tokens left than the plain
-        rounds whose budget pays for it (measured: Gemma 3 drafted by SmolLM2 probed 55 rounds into a 64-token
-        answer, the draft catching up on all of them for nothing)."""
-        return self.horizon is None or self.horizon - self.made > self.probe_interval()
 
     def draft_length(self) -> int:
         return self.gamma

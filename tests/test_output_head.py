@@ -12,10 +12,11 @@ ask for it never take it.
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 import torch
-from architectures import UnknownArchitecture, build
+from architectures import VERSION, UnknownArchitecture, build, refused_here
 from test_architecture_matrix import reference, repetitive_prompt
 from transformers import LlamaForCausalLM
 
@@ -42,8 +43,16 @@ def built(model_type: str, seed: int, **changes):
         pytest.skip(f"not in the installed transformers: {error}")
 
 
+# Where the on-demand path must be taken: transformers >= 4.55 and models as transformers builds them. On
+# 4.51 GPT-2 takes no logits_to_keep (the prefill's head input then covers every position and the check
+# declines), and IPEX's rewritten models (the IPEX lane) are checked too: there only exactness is asserted.
+TAKES_THE_PATH = VERSION >= (4, 55) and os.environ.get("ASSISTED_BACKENDS_IPEX", "off") == "off"
+
+
 @pytest.mark.parametrize("model_type", sorted(TRANSFORMED))
 def test_on_demand_head_keeps_greedy_tokens_exact(model_type):
+    if refused_here(model_type):
+        pytest.skip(f"{model_type} is refused on transformers {VERSION} (hybrid masks)")
     target = built(model_type, seed=0, **TRANSFORMED[model_type])
     draft = built(model_type, seed=1, **TRANSFORMED[model_type])  # unrelated: x_1 mostly rejected
     prompt = repetitive_prompt(15, seed=7)
@@ -52,7 +61,8 @@ def test_on_demand_head_keeps_greedy_tokens_exact(model_type):
         target, prompt, assistant_model=draft, max_new_tokens=NEW_TOKENS, num_assistant_tokens=4, **settings
     )
     assert torch.equal(result.sequences, reference(target, prompt, torch.ones_like(prompt), NEW_TOKENS, **settings))
-    assert result.stats.head_positions_skipped > 0, "the on-demand head must have skipped positions"
+    if TAKES_THE_PATH:
+        assert result.stats.head_positions_skipped > 0, "the on-demand head must have skipped positions"
 
 
 def test_the_transform_after_the_head_matters_in_these_cases():

@@ -15,7 +15,6 @@ import argparse
 import shlex
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import real_models  # noqa: E402
-from xeon_common import write_result  # noqa: E402
+from xeon_common import interleaved, write_result  # noqa: E402
 
 PAIRED = ("hf_plain", "ours_adaptive")
 
@@ -37,15 +36,9 @@ def measure(pair: str, task: str, dtype: str, threads: int, new_tokens: int, rep
     runs = {name: cases[name] for name in PAIRED}
     outputs = {name: run() for name, run in runs.items()}  # warm-up and identity
     identical = real_models.tokens_of(outputs["ours_adaptive"]) == real_models.tokens_of(outputs["hf_plain"])
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    drafted = []
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            out = run()
-            times[name].append(time.perf_counter() - start)
-            if hasattr(out, "stats"):
-                drafted.append((out.stats.drafted, out.stats.rounds))
+    last: dict = {}
+    times = interleaved(runs, repeats, warmup=0, last=last)
+    drafted = (last["ours_adaptive"].stats.drafted, last["ours_adaptive"].stats.rounds)
     median = {name: statistics.median(values) for name, values in times.items()}
     return {
         "pair": pair,
@@ -56,7 +49,7 @@ def measure(pair: str, task: str, dtype: str, threads: int, new_tokens: int, rep
         "median_s": {name: round(value, 4) for name, value in median.items()},
         "spread_s": {name: [round(min(v), 4), round(max(v), 4)] for name, v in times.items()},
         "adaptive_vs_plain": round(median["hf_plain"] / median["ours_adaptive"], 3),
-        "adaptive_drafted_rounds": drafted[-1],
+        "adaptive_drafted_rounds": drafted,
         "identical_to_hf_plain": identical,
     }
 

@@ -34,7 +34,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from xeon_common import write_result  # noqa: E402
+from xeon_common import interleaved, write_result  # noqa: E402
 
 from assisted_backends import generate  # noqa: E402
 from assisted_backends.core import hf_compat  # noqa: E402
@@ -145,15 +145,9 @@ def measure(pair: dict, gamma: int, repeats: int) -> dict:
         name: (out.sequences if hasattr(out, "sequences") else out)[0].tolist() == reference
         for name, out in outputs.items()
     }
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    stats = {}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            out = run()
-            times[name].append(time.perf_counter() - start)
-            if hasattr(out, "stats"):
-                stats[name] = out.stats
+    last: dict = {}
+    times = interleaved(runs, repeats, warmup=0, last=last)
+    stats = {name: out.stats for name, out in last.items() if hasattr(out, "stats")}
     median = {name: statistics.median(values) for name, values in times.items()}
     alpha = stats["ours_constant"].acceptance_rate or 0.0
     t_target = step_time(pair["target"], pair["prompt"])

@@ -34,8 +34,11 @@ def median_ms(samples: list[float]) -> float:
     return round(1000 * statistics.median(samples), 4)
 
 
-def interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, list[float]]:
-    """Time every case `repeats` times, round-robin (so drift and neighbours hit all cases alike)."""
+def interleaved(
+    cases: dict[str, Callable[[], object]], repeats: int, warmup: int = 2, last: dict | None = None
+) -> dict[str, list[float]]:
+    """Time every case `repeats` times, round-robin (so drift and neighbours hit all cases alike); `last`, when
+    given, receives each case's last output."""
     for _ in range(warmup):
         for run in cases.values():
             run()
@@ -43,8 +46,10 @@ def interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup: in
     for _ in range(repeats):
         for name, run in cases.items():
             start = time.perf_counter()
-            run()
+            out = run()
             samples[name].append(time.perf_counter() - start)
+            if last is not None:
+                last[name] = out
     return samples
 
 

@@ -66,7 +66,8 @@ class Census:
         def hook(module, args, kwargs):
             tensors = [(key, tuple(value.shape)) for key, value in kwargs.items() if torch.is_tensor(value)]
             tensors += [(f"arg{i}", tuple(value.shape)) for i, value in enumerate(args) if torch.is_tensor(value)]
-            tensors.append(("kv_cache", _cache_shape(kwargs.get("past_key_values"))))
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))  # the argument's name from transformers 5.24 on
+            tensors.append(("kv_cache", _cache_shape(cache)))
             self.signatures[name].add(tuple(sorted(tensors)))
 
         return hook

@@ -262,15 +262,14 @@ def llama_cpp_available() -> bool:
     <cache>/wheels/llama_cpp, else built from PyPI's source distribution (no wheel for this platform
     is published: about 5 minutes on 2 cores) and cached there. False, with the reason, if that fails."""
     import importlib
+    import importlib.util
     import subprocess
 
     from assisted_backends.model_files import cache_root
 
-    try:
+    if importlib.util.find_spec("llama_cpp") is not None:
         importlib.import_module("llama_cpp")
         return True
-    except ImportError:
-        pass
     wheels = cache_root() / "wheels" / "llama_cpp"
     if not list(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl")):
         print(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {wheels} (once) ...", file=sys.stderr, flush=True)

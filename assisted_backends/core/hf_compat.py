@@ -253,7 +253,8 @@ def set_static_cache_length(cache: StaticCache, length: int) -> None:
     for layer in getattr(cache, "layers", ()):
         counter = getattr(layer, "cumulative_length", None)
         if isinstance(counter, torch.Tensor):
-            counter.fill_(length)
+            with torch.inference_mode():  # the counter was made inside the model's inference-mode forward
+                counter.fill_(length)
         elif counter is not None:
             layer.cumulative_length = length
 

@@ -77,22 +77,23 @@ class OnDemandHead:
         finally:
             handle.remove()
 
+    def _dtype(self) -> torch.dtype:
+        return next(self.head.parameters(), torch.empty(0)).dtype
+
     def checked(self) -> bool | None:
         """Whether the check passed for the head's current dtype; None if it has not run in that dtype."""
-        dtype = next(self.head.parameters(), torch.empty(0)).dtype
         known = _CHECKED.get(self.head)
-        return known[1] if known is not None and known[0] == dtype else None
+        return known[1] if known is not None and known[0] == self._dtype() else None
 
     def check(self, model_logits: torch.Tensor) -> bool:
         """Compare `logits(captured)` with the logits the model returned for the same positions; remember."""
-        dtype = next(self.head.parameters(), torch.empty(0)).dtype
         captured, self.captured = self.captured, None
         same = (
             captured is not None
             and captured.shape[:-1] == model_logits.shape[:-1]
             and torch.equal(self.logits(captured), model_logits.float())
         )
-        _CHECKED[self.head] = (dtype, same)
+        _CHECKED[self.head] = (self._dtype(), same)
         return same
 
 

@@ -162,6 +162,7 @@ def generate(
         cost_prior=drafting.parameter_ratio(spec, model),
         seeded_sampling=sampling.do_sample and seed is not None,
         horizon=max_new_tokens,
+        prompt_pass_prior=drafting.prompt_pass_ratio(spec, model),
     )
     max_gamma = getattr(draft_schedule, "gamma", None) or draft_schedule.max_gamma
 

@@ -22,10 +22,9 @@ from assisted_backends.core.prompt_lookup import PromptLookupDrafter
 from assisted_backends.core.row_drafters import RowwiseDrafter
 from assisted_backends.core.runner import ModelRunner
 from assisted_backends.core.token_bytes import codec_for
-from assisted_backends.core.translating_drafter import DEFAULT_PREFILL_WINDOW, TranslatingDrafter
+from assisted_backends.core.translating_drafter import TranslatingDrafter
 
 RunnerFactory = Callable[..., ModelRunner]  # (model, rows=None): a runner over those batch rows (None: all)
-CHEAP_DRAFT_RATIO = 0.1  # parameter ratio below which a draft of another tokenizer reads the whole prompt
 
 
 @dataclass(frozen=True)
@@ -143,6 +142,34 @@ def parameter_ratio(spec: DraftSpec, target: PreTrainedModel) -> float | None:
     return logical_parameter_count(spec.assistant_model) / logical_parameter_count(target)
 
 
+def _matrix_size(module: torch.nn.Module | None) -> tuple[int, int]:
+    """(id of its weight, its element count) for an embedding or output head, packed (w8af32) or not."""
+    if module is None:
+        return 0, 0
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return id(weight), weight.numel()
+    rows, cols = getattr(module, "out_features", 0), getattr(module, "in_features", 0)
+    return id(module), int(rows) * int(cols)
+
+
+def body_parameter_count(model: PreTrainedModel) -> int:
+    """`logical_parameter_count` without the input embeddings and the output head (once if tied): the
+    parameters a pass over a prompt runs for every token (its head runs at the last position only)."""
+    matrices = dict(_matrix_size(m) for m in (model.get_input_embeddings(), model.get_output_embeddings()))
+    return max(logical_parameter_count(model) - sum(matrices.values()), 1)
+
+
+def prompt_pass_ratio(spec: DraftSpec, target: PreTrainedModel) -> float:
+    """The draft's pass over the prompt against the target's, estimated as the ratio of their body
+    parameters (`body_parameter_count`): Gemma 3 270M is 62% embeddings, so SmolLM2-135M's prompt pass
+    costs about as much as Gemma 3's (1.06), not half. 0 for drafters that read no prompt: prompt lookup,
+    and early exit (it copies the target's keys and values)."""
+    if spec.assistant_model is None or spec.assistant_early_exit is not None:
+        return 0.0
+    return body_parameter_count(spec.assistant_model) / body_parameter_count(target)
+
+
 def build_drafter(
     spec: DraftSpec,
     target: PreTrainedModel,
@@ -170,13 +197,9 @@ def build_drafter(
                 "static_shapes=True with a draft of another tokenizer is not supported: its re-tokenized proposals "
                 "and contexts vary in length; drop static_shapes or use a draft sharing the target's tokenizer"
             )
-        ratio = parameter_ratio(spec, target)
-        cheap = ratio is not None and ratio < CHEAP_DRAFT_RATIO  # its prompt pass costs little: let it read all
-
         def translating(rows: list[int] | None) -> TranslatingDrafter:
             return TranslatingDrafter(
                 make_runner(prepared_draft, rows),
-                prefill_window=None if cheap else DEFAULT_PREFILL_WINDOW,
                 target=codec_for(spec.tokenizer),
                 draft=codec_for(spec.assistant_tokenizer),
                 target_vocab=vocab_size(target),

@@ -51,8 +51,8 @@ def test_a_generation_config_keeps_the_packages_draft_length_choice():
     draft = tiny_model("llama", seed=0, hidden=32, layers=1)  # cheap enough for the schedule to draft
     prompt = random_prompt(4, seed=1)
     assisted_backends.enable(target)
-    try:
-        target.generate(prompt, assistant_model=draft, generation_config=GenerationConfig(max_new_tokens=30))
+    try:  # 100 tokens: enough plain time left for the draft's try to fit the trial budget
+        target.generate(prompt, assistant_model=draft, generation_config=GenerationConfig(max_new_tokens=100))
         assert 0 < len(target.generate.last_stats.per_position_drafted) <= 8
         config = GenerationConfig(max_new_tokens=30, num_assistant_tokens=10)
         target.generate(prompt, assistant_model=draft, generation_config=config)

@@ -207,6 +207,8 @@ def decode(
         split = HeadSplit()
     settings.synchronize()
     prefill_done = time.perf_counter()
+    if schedule is not None:
+        schedule.observe_prefill(prefill_done - started)
 
     while any(rows.live):
         live = [b for b, alive in enumerate(rows.live) if alive]

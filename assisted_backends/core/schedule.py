@@ -37,6 +37,9 @@ COSTLY_DRAFT_RATIO = 0.25  # from this parameter ratio on, exploration drafts 1 
 # a copy apart). Measured (Gemma 3 edit task, 64 tokens): 1.34x plain, where decay 0.95 with γ = 1
 # probes stayed plain after the first rejections (0.93x).
 FREE_DECAY = 0.8
+# A draft is tried only if what the try costs when it finds nothing (the draft's pass over the prompt and its
+# exploration round) stays within this share of the plain decoding time left (`AdaptiveSchedule.worth_trying`).
+TRIAL_BUDGET = 0.02
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ class DraftSchedule(Protocol):
     def update(self, observation: RoundObservation) -> None:
         """Learn from the round that just ended."""
 
+    def observe_prefill(self, seconds: float) -> None:
+        """The target's prompt pass took `seconds` (before the first round)."""
+
 
 class ConstantSchedule:
     """Always γ tokens."""
@@ -70,6 +76,9 @@ class ConstantSchedule:
         return self.gamma
 
     def update(self, observation: RoundObservation) -> None:
+        return None
+
+    def observe_prefill(self, seconds: float) -> None:
         return None
 
 
@@ -203,7 +212,9 @@ class AdaptiveSchedule:
     the first accepted anything. Then γ follows the estimates; an unmeasured t_v(q) is taken as the
     largest measured one and an unreached α_i as α_{i−1}, so a good draft is pushed deeper round by
     round, and while plain decoding wins, a γ = 1 probe (the cheapest) runs now and then. A switch to
-    speculation must beat plain decoding by `margin`, so break-even pairs (c ≈ α) stay plain.
+    speculation must beat plain decoding by `margin`, so break-even pairs (c ≈ α) stay plain. A draft
+    whose try would cost more than `trial_budget` of the plain decoding left is never tried
+    (`worth_trying`), so plain decoding is the worst case, within the budgets.
     """
 
     def __init__(
@@ -216,10 +227,17 @@ class AdaptiveSchedule:
         decay: float | None = None,  # None: 0.95, or FREE_DECAY for a free drafter
         cost_prior: float | None = None,
         horizon: int | None = None,  # tokens the generation makes per row (max_new_tokens), if known
+        prompt_pass_prior: float = 0.0,  # the draft's pass over the prompt / the target's (0: it reads none)
+        trial_budget: float = TRIAL_BUDGET,
     ) -> None:
         if max_gamma < 1:
             raise ValueError(f"num_assistant_tokens (the adaptive schedule's maximum γ) must be >= 1, got {max_gamma}")
         self.max_gamma = max_gamma
+        self.cost_prior = cost_prior or 0.0
+        self.prompt_pass_prior = prompt_pass_prior
+        self.trial_budget = trial_budget
+        self.target_prefill_s = 0.0
+        self.declined = False  # the draft was judged not worth trying: plain decoding to the end
         self.free = cost_prior == 0.0  # no draft model (prompt lookup): trying costs only the verify pass
         if initial is None:
             costly = cost_prior is not None and cost_prior >= COSTLY_DRAFT_RATIO
@@ -237,7 +255,7 @@ class AdaptiveSchedule:
         self.rounds = 0
         self.plain_streak = 0
         self.horizon = horizon
-        self.made = 0.0  # tokens made per row so far (batches: the mean over rows)
+        self.made = 1.0  # tokens made per row so far, the prefill's included (batches: the mean over rows)
         self.chosen: list[int] = []  # γ of every round, for statistics and tests
 
     def tokens_per_second(self) -> list[float]:
@@ -266,11 +284,31 @@ class AdaptiveSchedule:
         answer, the draft catching up on all of them for nothing)."""
         return self.horizon is None or self.horizon - self.made > self.probe_interval()
 
+    def observe_prefill(self, seconds: float) -> None:
+        self.target_prefill_s = seconds
+
+    def trial_cost(self) -> float:
+        """Seconds a try of the draft adds when it finds nothing: its pass over the prompt (the target's,
+        scaled by `prompt_pass_prior`) and the exploration round's `initial` draft steps (c·t_v(1) each)."""
+        return self.prompt_pass_prior * self.target_prefill_s + self.initial * self.cost_prior * self.verify(1)
+
+    def worth_trying(self) -> bool:
+        """Try the draft only if `trial_cost` is within `trial_budget` of the plain decoding time left
+        (horizon − made tokens at t_v(1)). Measured: Gemma 3 270M drafted by SmolLM2-135M (c = 0.6, 1.15 draft
+        steps per target token) cannot gain in fp32 on a 2-core CPU, and its try cost 5-8% of a 64-token answer."""
+        if self.horizon is None or self.free:
+            return True
+        plain_left = (self.horizon - self.made) * self.verify(1)
+        return self.trial_cost() <= self.trial_budget * plain_left
+
     def draft_length(self) -> int:
-        if self.never:
+        if self.never or self.declined:
             gamma = 0  # a draft about as costly as the target: S <= (γ+1)/(γc+1) <= 1 for c >= 1
         elif self.verify.samples(1) < 2 and not self.free:
             gamma = 0  # measure t_v(1), twice: plain rounds cost nothing extra (a free drafter starts at once)
+        elif self.draft_step.samples == 0 and not self.worth_trying():
+            self.declined = True  # the budget only shrinks as tokens are made: decided for good
+            gamma = 0
         elif self.draft_step.samples == 0 or (self.draft_step.samples == 1 and self.acceptance.any_accepted()):
             # measure α_i, t_d and t_v(initial + 1): one round for a draft that got nothing right,
             # two for one that did, so that a single warm-up-inflated time does not end speculation
@@ -306,6 +344,7 @@ def make_schedule(
     cost_prior: float | None = None,
     seeded_sampling: bool = False,
     horizon: int | None = None,
+    prompt_pass_prior: float = 0.0,
 ) -> DraftSchedule:
     """`constant` when γ is fixed by the user or by static shapes, or when sampling with a seed; else
     `adaptive` (the default).
@@ -323,4 +362,9 @@ def make_schedule(
         name = "constant" if fixed else "adaptive"
     if name == "constant":
         return ConstantSchedule(num_assistant_tokens or default_gamma)
-    return AdaptiveSchedule(max_gamma=num_assistant_tokens or max_gamma, cost_prior=cost_prior, horizon=horizon)
+    return AdaptiveSchedule(
+        max_gamma=num_assistant_tokens or max_gamma,
+        cost_prior=cost_prior,
+        horizon=horizon,
+        prompt_pass_prior=prompt_pass_prior,
+    )

@@ -220,6 +220,47 @@ def test_smollm2_drafts_for_gemma3_across_tokenizers(gemma3, smollm2):
     assert result.stats.drafted > 0
 
 
+PASSAGE = (  # benchmarks/real_models.py's summarize task: Gemma 3 answers by quoting the passage at once
+    "Summarize the following passage in three sentences, quoting its two most important sentences word for "
+    "word.\n\nThe harbour master kept two ledgers. The first recorded every ship that entered the bay: its "
+    "name, its cargo, the hour it dropped anchor. The second, which he showed to no one, recorded the ships "
+    'that never arrived. "A ledger of absences," his daughter called it when she found it after his death, '
+    "and she read it through one winter night. Some entries were a single line: a schooner out of Lisbon, "
+    "expected in March, never seen. Others ran for pages, with letters from wives and owners pasted between "
+    'the leaves. On the last page he had written: "Every ship is late until it is lost, and lost only when we '
+    'stop waiting." She closed the book, and in the morning she took his place at the window above the quay, '
+    "with both ledgers open on the desk.\n"
+)
+
+
+def test_smollm2_drafting_for_gemma3_reads_the_passage_it_quotes(gemma3, smollm2):
+    """The draft reads the whole prompt, so on a quoting task it proposes the passage's words: most are
+    accepted (a draft that saw only the prompt's last 32 tokens reached α 0.13 on such a task)."""
+    model, tokenizer = gemma3
+    draft, draft_tokenizer = smollm2
+    ids = _text_ids(tokenizer, PASSAGE)
+    result = assisted_backends.generate(
+        model, ids, assistant_model=draft, tokenizer=tokenizer, assistant_tokenizer=draft_tokenizer,
+        num_assistant_tokens=4, max_new_tokens=GEMMA_NEW_TOKENS, do_sample=False,
+    )  # fmt: skip
+    _assert_identical(tokenizer, ids.shape[1], _plain(model, ids, GEMMA_NEW_TOKENS), result)
+    assert result.stats.acceptance_rate > 0.5, result.stats
+
+
+def test_gemma3_adaptive_schedule_does_not_try_a_draft_it_cannot_afford(gemma3, smollm2):
+    """SmolLM2-135M costs Gemma 3 270M about its own prompt pass and 0.6 of a step per token: in a 24-token
+    answer that try alone would exceed the 2% trial budget, so the adaptive schedule never runs the draft."""
+    model, tokenizer = gemma3
+    draft, draft_tokenizer = smollm2
+    ids = _text_ids(tokenizer, PASSAGE)
+    result = assisted_backends.generate(
+        model, ids, assistant_model=draft, tokenizer=tokenizer, assistant_tokenizer=draft_tokenizer,
+        max_new_tokens=GEMMA_NEW_TOKENS, do_sample=False,
+    )  # fmt: skip
+    _assert_identical(tokenizer, ids.shape[1], _plain(model, ids, GEMMA_NEW_TOKENS), result)
+    assert result.stats.draft_forwards == 0 and result.stats.drafted == 0
+
+
 def test_smollm2_sampling_with_prompt_lookup(smollm2):
     """Seeded sampling: finishes, reproduces, and copies enough of the prompt's code to accept drafts."""
     model, tokenizer = smollm2

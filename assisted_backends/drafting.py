@@ -197,6 +197,7 @@ def build_drafter(
                 "static_shapes=True with a draft of another tokenizer is not supported: its re-tokenized proposals "
                 "and contexts vary in length; drop static_shapes or use a draft sharing the target's tokenizer"
             )
+
         def translating(rows: list[int] | None) -> TranslatingDrafter:
             return TranslatingDrafter(
                 make_runner(prepared_draft, rows),

@@ -137,7 +137,7 @@ def test_a_short_answer_never_runs_a_costly_draft(tokenizers):
 def test_prompt_pass_ratio_counts_the_body_without_embeddings_and_head():
     """A prompt pass runs the head once: a target that is mostly embeddings (Gemma 3 270M: 62%) costs no
     more to read a prompt than a draft of half its parameters. Drafters that read no prompt: 0."""
-    target = tiny_model("llama", seed=0, hidden=64, layers=2, vocab=4096)  # tied? no: llama ties nothing here
+    target = tiny_model("llama", seed=0, hidden=64, layers=2, vocab=4096)  # untied embeddings and head
     draft = tiny_model("llama", seed=1, hidden=64, layers=2, vocab=256)
     body = drafting.body_parameter_count(target)
     embeddings = target.get_input_embeddings().weight.numel() + target.get_output_embeddings().weight.numel()

@@ -303,7 +303,7 @@ class AdaptiveSchedule:
 
     def draft_length(self) -> int:
         if self.never or self.declined:
-            gamma = 0  # a draft about as costly as the target: S <= (γ+1)/(γc+1) <= 1 for c >= 1
+            gamma = 0  # as costly as the target (S <= (γ+1)/(γc+1) <= 1 for c >= 1), or its try is over budget
         elif self.verify.samples(1) < 2 and not self.free:
             gamma = 0  # measure t_v(1), twice: plain rounds cost nothing extra (a free drafter starts at once)
         elif self.draft_step.samples == 0 and not self.worth_trying():

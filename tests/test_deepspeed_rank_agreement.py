@@ -29,7 +29,7 @@ from test_deepspeed_tp import _two_rank_launcher
 
 HERE = Path(__file__).resolve().parent
 LAUNCHES = int(os.environ.get("ASSISTED_BACKENDS_STRESS_LAUNCHES", "20"))
-CLI_TOKENS = 16
+CLI_TOKENS = 64  # enough plain time left for the draft's try to fit the trial budget (at 16 it is never tried)
 BUSY_LOOP = (  # spin 50 ms, rest 20 ms, forever
     "import time\n"
     "while True:\n"

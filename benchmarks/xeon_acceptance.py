@@ -22,8 +22,8 @@ from xeon_common import add_pair_arguments, pair_and_prompts, write_result
 
 from assisted_backends import generate
 from assisted_backends.backends.base import BackendOptions
-from assisted_backends.backends.cpu import CPUBackend
-from assisted_backends.xeon import quantize
+from assisted_backends.backends.cpu import quantize
+from assisted_backends.backends.cpu.backend import CPUBackend
 
 PRECISIONS = ("fp32", "bf16", "w8af32[dynamic]", "w8af32[int8pack]")
 

@@ -25,7 +25,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from assisted_backends.xeon import affinity, cpu_features  # noqa: E402
+from assisted_backends.backends.cpu import (
+    affinity,  # noqa: E402
+    cpu_features,  # noqa: E402
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -21,8 +21,8 @@ import torch
 from transformers import DynamicCache
 from xeon_common import interleaved, llama, median_ms, write_result
 
-from assisted_backends.core import hf_compat
-from assisted_backends.xeon.quantize import METHODS, quantize_w8af32
+from assisted_backends import hf_compat
+from assisted_backends.backends.cpu.quantize import METHODS, quantize_w8af32
 
 DRAFT_SHAPES = {  # name: (hidden, layers, vocab)
     "small (h256 x 2, V 4096)": (256, 2, 4096),

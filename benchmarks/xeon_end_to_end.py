@@ -19,10 +19,9 @@ import sys
 import torch
 from xeon_common import add_pair_arguments, interleaved, median_ms, pair_and_prompts, write_result
 
-from assisted_backends import generate
+from assisted_backends import generate, hf_compat
 from assisted_backends.backends.base import BackendOptions
-from assisted_backends.backends.cpu import CPUBackend
-from assisted_backends.core import hf_compat
+from assisted_backends.backends.cpu.backend import CPUBackend
 
 
 def _step_time(model: torch.nn.Module, context: torch.Tensor, repeats: int = 30) -> float:

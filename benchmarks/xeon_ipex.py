@@ -22,8 +22,8 @@ import torch
 from transformers import DynamicCache
 from xeon_common import interleaved, llama, median_ms, write_result
 
-from assisted_backends.core import hf_compat
-from assisted_backends.xeon import ipex as ipex_support
+from assisted_backends import hf_compat
+from assisted_backends.backends.cpu import ipex as ipex_support
 
 SHAPE = (1024, 4, 32000)  # hidden, layers, vocab
 

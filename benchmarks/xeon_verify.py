@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 from xeon_common import interleaved, llama, median_ms, write_result
 
-from assisted_backends.core import hf_compat
+from assisted_backends import hf_compat
 
 TARGETS = {  # label: (hidden, layers, vocabulary, heads)
     "h1024 x 8, V 32000 (~190M)": (1024, 8, 32000, 8),

@@ -17,7 +17,7 @@ def _deterministic_seed():
 def one_token_matches(monkeypatch):
     """Prompt lookup from one-token matches too (the drafter's default asks for two): a random model's
     output seldom repeats two prompt tokens in a row, and these tests need lookups to be verified."""
-    from assisted_backends.core import prompt_lookup
+    from assisted_backends.drafters import prompt_lookup
 
     monkeypatch.setattr(prompt_lookup, "DEFAULT_MIN_NGRAM", 1)
 

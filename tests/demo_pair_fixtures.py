@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from assisted_backends.core.hf_compat import dtype_kwargs
 from assisted_backends.demo.pair import shipped_pair
+from assisted_backends.hf_compat import dtype_kwargs
 
 PROMPT = "import os\nimport sys\n\n\ndef main(argv=None):\n"
 

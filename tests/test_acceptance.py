@@ -4,7 +4,7 @@ import pytest
 import torch
 from stats_tools import chi_square_p_value
 
-from assisted_backends.core.acceptance import (
+from assisted_backends.engine.acceptance import (
     acceptance_probability,
     greedy_accept,
     residual_distribution,

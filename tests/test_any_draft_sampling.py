@@ -15,8 +15,8 @@ from tiny_models import tiny_model
 from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper
 
 from assisted_backends import generate
-from assisted_backends.core.token_bytes import ByteCodec
-from assisted_backends.core.vocab_mapping import VocabIntersection
+from assisted_backends.drafters.any_pair.token_bytes import ByteCodec
+from assisted_backends.drafters.any_pair.vocab_mapping import VocabIntersection
 
 SAMPLES = 2500
 

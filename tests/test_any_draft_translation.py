@@ -7,8 +7,8 @@ from any_draft_fixtures import MEMORIZED, PROMPTS, saved_tokenizers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from assisted_backends.core.token_bytes import ByteCodec, utf8_runs
-from assisted_backends.core.translation import DraftContext, translate_proposal
+from assisted_backends.drafters.any_pair.token_bytes import ByteCodec, utf8_runs
+from assisted_backends.drafters.any_pair.translation import DraftContext, translate_proposal
 
 TEXTS = PROMPTS + [MEMORIZED, "a  b   c\t\td\n\n\ne", "12345 678.9 0x1F", "日本語🙂é", " x", "x "]
 

@@ -20,7 +20,7 @@ from test_batches import alone, left_padded, prompts
 from test_static_shape_census import BUCKET, GAMMA, Census, models
 
 from assisted_backends import generate
-from assisted_backends.core.kv_cache import bucketed
+from assisted_backends.engine.kv_cache import bucketed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -19,13 +19,13 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
+from assisted_backends.backends.cpu import affinity
 from assisted_backends.cli.main import flag_spelling
 from assisted_backends.cli.report import describe_stats
 from assisted_backends.cli.spread import is_settled, median_interval, run_pairs
-from assisted_backends.core.stats import GenerationStats
 from assisted_backends.demo.corpus import read_corpus
 from assisted_backends.demo.tokenizer import train_tokenizer
-from assisted_backends.xeon import affinity
+from assisted_backends.engine.stats import GenerationStats
 
 ROOT = Path(__file__).resolve().parents[1]
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

@@ -7,8 +7,9 @@ import torch
 from any_draft_fixtures import saved_tokenizers
 from tiny_models import reference_greedy, tiny_model
 
-from assisted_backends import drafting, generate
-from assisted_backends.core.schedule import AdaptiveSchedule, RoundObservation
+from assisted_backends import generate
+from assisted_backends.drafters import factory as drafting
+from assisted_backends.engine.schedule import AdaptiveSchedule, RoundObservation
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from assisted_backends.backends.base import BackendOptions
-from assisted_backends.backends.cuda import CUDABackend, choose_dtype
+from assisted_backends.backends.cuda.backend import CUDABackend, choose_dtype
 from assisted_backends.backends.registry import DeviceUnavailableError, discover, resolve_backend
 
 
@@ -60,6 +60,6 @@ def test_cuda_is_registered_and_its_absence_is_explained():
 
 
 def test_importing_the_backend_does_not_initialise_cuda():
-    code = "import torch, assisted_backends.backends.cuda; print(torch.cuda.is_initialized())"
+    code = "import torch, assisted_backends.backends.cuda.backend; print(torch.cuda.is_initialized())"
     output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert output.strip() == "False"

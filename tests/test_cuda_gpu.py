@@ -16,8 +16,8 @@ from tiny_models import ARCHITECTURES, noisy_copy, random_prompt, tiny_model
 
 from assisted_backends import generate
 from assisted_backends.backends.base import BackendOptions
-from assisted_backends.backends.cuda import CUDABackend
-from assisted_backends.core.graphs import GraphedCausalLM
+from assisted_backends.backends.cuda.backend import CUDABackend
+from assisted_backends.backends.cuda.graphs import GraphedCausalLM
 
 pytestmark = [
     pytest.mark.cuda,

@@ -1,4 +1,4 @@
-"""Graph-capture bookkeeping (core/graphs.py) and the CUDA backend's decisions, on CPU.
+"""Graph-capture bookkeeping (backends/cuda/graphs.py) and the CUDA backend's decisions, on CPU.
 
 The device is replaced by `RecordingFakeGraphRuntime`, a FAKE of CUDA graphs: its capture *does*
 run the step (a real capture runs nothing) and hands back an output buffer full of NaN (a real
@@ -19,11 +19,10 @@ import torch
 from tiny_models import ARCHITECTURES, noisy_copy, random_prompt, reference_greedy, tiny_model
 from transformers import LlamaForCausalLM
 
-from assisted_backends import generate
+from assisted_backends import generate, hf_compat
 from assisted_backends.backends.base import BackendOptions
-from assisted_backends.backends.cuda import CUDABackend
-from assisted_backends.core import hf_compat
-from assisted_backends.core.graphs import GraphedCausalLM, StepGraphs, graph_capturable
+from assisted_backends.backends.cuda.backend import CUDABackend
+from assisted_backends.backends.cuda.graphs import GraphedCausalLM, StepGraphs, graph_capturable
 
 MAX_NEW_TOKENS = 23
 

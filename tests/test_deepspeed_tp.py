@@ -2,7 +2,7 @@
 
 The test saves a tiny Llama pair, runs assisted greedy generation in this process, then launches
 this same file as a 2-rank job (`python -m torch.distributed.run --nproc_per_node 2`); each rank
-loads the saved models with `from_pretrained`, shards the target through `assisted_backends.distributed`
+loads the saved models with `from_pretrained`, shards the target through `assisted_backends.distributed.launch`
 and writes its tokens and weight shapes to JSON. Skipped when deepspeed is not installed.
 """
 
@@ -46,7 +46,7 @@ def rank_main(model_dir: Path, out_dir: Path) -> None:
     """Entry point of each launched rank."""
     from transformers import AutoModelForCausalLM
 
-    from assisted_backends import distributed
+    from assisted_backends.distributed import launch as distributed
 
     context = distributed.launch_context()
     assert context is not None, "launched without WORLD_SIZE > 1"
@@ -223,7 +223,7 @@ if __name__ == "__main__":
 
 def test_shutdown_leaves_the_process_group_and_is_a_no_op_without_one(tmp_path):
     """The CLI's last step under a launcher: barrier, then destroy (no gloo thread left at exit)."""
-    from assisted_backends import distributed
+    from assisted_backends.distributed import launch as distributed
 
     distributed.shutdown()  # no group: nothing to do
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)

@@ -34,12 +34,12 @@ def test_the_same_script_with_and_without_the_line_gives_identical_tokens():
         before = script(target, draft, tokenizer)
     assisted_backends.enable(target)
     try:
-        assert assisted_backends.transformers_integration.is_enabled(target)
+        assert assisted_backends.api.dropin.is_enabled(target)
         after = script(target, draft, tokenizer)
         assert target.generate.last_stats.rounds > 0
     finally:
         assisted_backends.disable(target)
-    assert not assisted_backends.transformers_integration.is_enabled(target)
+    assert not assisted_backends.api.dropin.is_enabled(target)
     for plain, ours in zip(before, after, strict=True):
         assert isinstance(ours, torch.Tensor) and ours.tolist() == plain.tolist()
 

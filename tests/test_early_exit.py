@@ -5,7 +5,7 @@ import torch
 from tiny_models import ARCHITECTURES, random_prompt, reference_greedy, tiny_model
 
 from assisted_backends import generate
-from assisted_backends.core.early_exit import decoder_layers_path, early_exit_view
+from assisted_backends.drafters.early_exit import decoder_layers_path, early_exit_view
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -66,9 +66,9 @@ def test_the_view_reads_its_layers_keys_and_values_from_the_target_cache(arch):
     )
     assert static.stats.draft_forwards == static.stats.drafted + 1  # the static layout feeds the prompt itself
 
-    from assisted_backends.core import hf_compat
-    from assisted_backends.core.kv_cache import make_layout
-    from assisted_backends.core.runner import ModelRunner
+    from assisted_backends import hf_compat
+    from assisted_backends.engine.kv_cache import make_layout
+    from assisted_backends.engine.runner import ModelRunner
 
     def runner(model):
         return ModelRunner(model, make_layout("dynamic", model, torch.zeros(1, dtype=torch.long), 64, 16))

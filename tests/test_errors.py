@@ -19,7 +19,7 @@ def test_unknown_device(target):
 
 
 def test_unavailable_device(target, monkeypatch):
-    from assisted_backends.backends.cpu import CPUBackend
+    from assisted_backends.backends.cpu.backend import CPUBackend
 
     monkeypatch.setattr(CPUBackend, "is_available", classmethod(lambda cls: False))
     with pytest.raises(DeviceUnavailableError, match="device='cpu' is not available"):

@@ -15,7 +15,7 @@ from transformers import GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from assisted_backends import generate
-from assisted_backends.core import generation_options
+from assisted_backends.options import resolve as generation_options
 
 NEW = 16
 IGNORES_PADDING = "prompt_ignore_length" in inspect.signature(RepetitionPenaltyLogitsProcessor.__init__).parameters
@@ -392,7 +392,7 @@ def test_verify_distributions_see_the_draft_extended_prefix_without_padding(monk
         TopKLogitsWarper,
     )
 
-    from assisted_backends.core import sampling
+    from assisted_backends.engine import sampling
 
     model = sampling_target()
     draft = tiny_model("llama", seed=1, init=0.1)

@@ -15,9 +15,10 @@ from fakes import habana_fake
 from tiny_models import noisy_copy, random_prompt, reference_greedy, tiny_model
 
 from assisted_backends import generate
-from assisted_backends.backends import BackendOptions, DeviceUnavailableError, optimum_habana, registry, resolve_backend
-from assisted_backends.backends.cpu import CPUBackend
-from assisted_backends.backends.hpu import HPUBackend, execution_mode
+from assisted_backends.backends import BackendOptions, DeviceUnavailableError, registry, resolve_backend
+from assisted_backends.backends.cpu.backend import CPUBackend
+from assisted_backends.backends.hpu import optimum_habana
+from assisted_backends.backends.hpu.backend import HPUBackend, execution_mode
 
 BUCKET = 16
 GAMMA = 3

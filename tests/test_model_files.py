@@ -18,10 +18,10 @@ from gguf_fixtures import write_llama_gguf  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 
 import assisted_backends  # noqa: E402
-from assisted_backends import model_files  # noqa: E402
 from assisted_backends.cli import main  # noqa: E402
 from assisted_backends.demo.corpus import read_corpus  # noqa: E402
 from assisted_backends.demo.tokenizer import train_tokenizer  # noqa: E402
+from assisted_backends.loading import files as model_files  # noqa: E402
 
 TEXT = "def add(first, second):\n    return first + second\n\ndef add_three(a, b, c):\n    return"
 

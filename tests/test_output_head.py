@@ -1,4 +1,4 @@
-"""The target's head on demand (`core.output_head`): greedy verification computes the logits of position 1
+"""The target's head on demand (`engine.head_on_demand`): greedy verification computes the logits of position 1
 first and the other γ positions only when some row accepted x_1.
 
 What is asserted: tokens equal the target's own `model.generate` on architectures whose forward
@@ -21,7 +21,7 @@ from test_architecture_matrix import reference, repetitive_prompt
 from transformers import LlamaForCausalLM
 
 from assisted_backends import generate
-from assisted_backends.core.output_head import HeadSplit, OnDemandHead
+from assisted_backends.engine.head_on_demand import HeadSplit, OnDemandHead
 
 pytestmark = pytest.mark.usefixtures("one_thread", "one_token_matches")  # lookups to verify on random models
 

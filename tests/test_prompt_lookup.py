@@ -7,7 +7,7 @@ from tiny_models import random_prompt, reference_greedy, tiny_model
 from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper
 
 from assisted_backends import generate
-from assisted_backends.core.prompt_lookup import lookup
+from assisted_backends.drafters.prompt_lookup import lookup
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -111,9 +111,9 @@ def test_adaptive_schedule_drives_prompt_lookup_up_to_its_token_count(one_token_
 
 def test_the_drafter_needs_a_two_token_match_by_default():
     """A lone repeated token ("2" below) proposes nothing; the bigram "1 2" proposes what followed it."""
-    from assisted_backends.core.prompt_lookup import PromptLookupDrafter
-    from assisted_backends.core.sampling import SamplingConfig, TokenSelector
-    from assisted_backends.core.tokens import TokenBuffer
+    from assisted_backends.drafters.prompt_lookup import PromptLookupDrafter
+    from assisted_backends.engine.sampling import SamplingConfig, TokenSelector
+    from assisted_backends.engine.tokens import TokenBuffer
 
     def proposed(ids: list[int]) -> list[int]:
         buffer = TokenBuffer(torch.tensor([ids]), len(ids) + 8, 0, [0], 0)

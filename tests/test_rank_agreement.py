@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from assisted_backends import distributed, rank_agreement
-from assisted_backends.core.schedule import AdaptiveSchedule, ConstantSchedule, RoundObservation
+from assisted_backends.distributed import agreement as rank_agreement
+from assisted_backends.distributed import launch as distributed
+from assisted_backends.engine.schedule import AdaptiveSchedule, ConstantSchedule, RoundObservation
 
 
 def test_the_timeout_comes_from_the_environment_and_bad_values_name_the_variable():

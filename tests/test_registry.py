@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from assisted_backends.backends import Backend, registry, resolve_backend
-from assisted_backends.backends.cpu import CPUBackend
+from assisted_backends.backends.cpu.backend import CPUBackend
 
 
 class PluginBackend(Backend):

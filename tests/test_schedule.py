@@ -5,7 +5,7 @@ import torch
 from tiny_models import noisy_copy, random_prompt, reference_greedy, tiny_model
 
 from assisted_backends import generate
-from assisted_backends.core.schedule import (
+from assisted_backends.engine.schedule import (
     AdaptiveSchedule,
     ConstantSchedule,
     RoundObservation,

@@ -19,7 +19,7 @@ from transformers.generation.logits_process import LogitsProcessorList, TopKLogi
 
 from assisted_backends import generate
 from assisted_backends.backends import BackendOptions, registry
-from assisted_backends.core.graphs import graph_capturable
+from assisted_backends.backends.cuda.graphs import graph_capturable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

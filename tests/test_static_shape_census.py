@@ -24,7 +24,7 @@ import torch
 from tiny_models import noisy_copy, random_prompt, reference_greedy, tiny_model
 
 from assisted_backends import generate
-from assisted_backends.core.kv_cache import bucketed
+from assisted_backends.engine.kv_cache import bucketed
 
 BUCKET = 16
 GAMMA = 3

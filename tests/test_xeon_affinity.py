@@ -14,7 +14,7 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from assisted_backends.xeon import affinity
+from assisted_backends.backends.cpu import affinity
 
 NUMACTL_LANE = os.environ.get("ASSISTED_BACKENDS_NUMACTL_LANE") == "1"  # .ci/lanes/numactl.sh: never skip
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -30,7 +30,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _report(launcher: list[str], **extra: str) -> tuple[dict, str]:
     run = subprocess.run(
-        [*launcher, sys.executable, "-m", "assisted_backends.xeon.affinity"],
+        [*launcher, sys.executable, "-m", "assisted_backends.backends.cpu.affinity"],
         capture_output=True,
         text=True,
         env=_env(**extra),

@@ -6,8 +6,8 @@ from tiny_models import random_prompt, tiny_model
 
 from assisted_backends import generate
 from assisted_backends.backends.base import BackendOptions
-from assisted_backends.backends.cpu import CPUBackend
-from assisted_backends.xeon import cpu_features, precision
+from assisted_backends.backends.cpu import cpu_features, precision
+from assisted_backends.backends.cpu.backend import CPUBackend
 
 SAPPHIRE_RAPIDS = "avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8 avx512_fp16"
 ZEN4 = "avx512f avx512_bf16 avx512_vnni"

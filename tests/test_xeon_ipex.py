@@ -15,8 +15,8 @@ from tiny_models import ARCHITECTURES, noisy_copy, random_prompt, reference_gree
 
 from assisted_backends import generate
 from assisted_backends.backends.base import BackendOptions
-from assisted_backends.backends.cpu import CPUBackend
-from assisted_backends.xeon import ipex
+from assisted_backends.backends.cpu import ipex
+from assisted_backends.backends.cpu.backend import CPUBackend
 
 LOADABLE = ipex.status().loadable
 needs_ipex = pytest.mark.skipif(not LOADABLE, reason=f"IPEX cannot load here: {ipex.status().reason}")

@@ -9,8 +9,8 @@ from tiny_models import ARCHITECTURES, noisy_copy, random_prompt, reference_gree
 
 from assisted_backends import generate
 from assisted_backends.backends.base import BackendOptions
-from assisted_backends.backends.cpu import CPUBackend
-from assisted_backends.xeon import quantize
+from assisted_backends.backends.cpu import quantize
+from assisted_backends.backends.cpu.backend import CPUBackend
 
 MAX_NEW_TOKENS = 19
 DRAFT_PRECISIONS = ("fp32", "bf16", "w8af32")
@@ -185,7 +185,7 @@ def test_casting_back_up_after_an_in_place_downcast_is_refused():
 def test_parameter_ratio_counts_a_quantized_draft_as_unquantized(method):
     """w8af32 packs linear weights into buffers that `parameters()` does not list; the never-try rule
     (draft ≥ 90% of the target) must still see a quantized self-draft as the target's size."""
-    from assisted_backends import drafting
+    from assisted_backends.drafters import factory as drafting
 
     target, _ = pair("llama")
     draft = quantize.quantize_w8af32(target, method)

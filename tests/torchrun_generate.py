@@ -71,7 +71,8 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from assisted_backends import distributed, rank_agreement
+    from assisted_backends.distributed import agreement as rank_agreement
+    from assisted_backends.distributed import launch as distributed
 
     context = distributed.launch_context()
     assert context is not None, "launched without WORLD_SIZE > 1"

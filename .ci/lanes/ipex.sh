@@ -8,7 +8,7 @@
 # every model the CPU backend prepares goes through `ipex.optimize` (fp32 included), so the whole
 # suite's identity tests run on the IPEX path, and a broken IPEX fails loudly instead of passing as
 # the native path. The package's core also has to work on transformers 4.51.3 here (tuple caches for
-# GPT-2 and GPTBigCode, `torch_dtype=`): assisted_backends/core/hf_compat.py handles the differences.
+# GPT-2 and GPTBigCode, `torch_dtype=`): assisted_backends/hf_compat.py handles the differences.
 #
 #   .ci/lanes/ipex.sh                 # venv in /tmp/venv-ipex, removed and rebuilt every time
 #   IPEX_VENV=/path .ci/lanes/ipex.sh  # somewhere else

@@ -63,7 +63,7 @@ class Backend(ABC):
 
     name: str  # the device name users pass: "cpu", "cuda", "hpu", ...
     priority: int = 0  # higher wins in device="auto"
-    # Greedy verification may compute the target's head position by position (`core.output_head`): each
+    # Greedy verification may compute the target's head position by position (`engine.head_on_demand`): each
     # extra head call follows a host read of the acceptance, free on a CPU; shapes then vary with it.
     head_on_demand: bool = False
 

@@ -16,9 +16,9 @@ ENTRY_POINT_GROUP = "assisted_backends.backends"
 
 # Used only when the package runs from a source tree that was never installed (no metadata).
 _BUILTIN = {
-    "cpu": "assisted_backends.backends.cpu:CPUBackend",
-    "cuda": "assisted_backends.backends.cuda:CUDABackend",
-    "hpu": "assisted_backends.backends.hpu:HPUBackend",
+    "cpu": "assisted_backends.backends.cpu.backend:CPUBackend",
+    "cuda": "assisted_backends.backends.cuda.backend:CUDABackend",
+    "hpu": "assisted_backends.backends.hpu.backend:HPUBackend",
 }
 
 

@@ -1,7 +1,7 @@
 """Loading models and tokenizers for the CLI, with one-line errors instead of tracebacks.
 
 `-m` and `--assistant-model` take a saved model directory, a `.gguf` file or a directory holding one
-(converted once and cached, `model_files`), or a Hub id (local cache first).
+(converted once and cached, `loading.files`), or a Hub id (local cache first).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from assisted_backends import model_files
+from assisted_backends import hf_compat
 from assisted_backends.cli.errors import CLIError
-from assisted_backends.core import hf_compat
+from assisted_backends.loading import files as model_files
 
 # The draft the seed scripts pair with each target family when none is given.
 DEFAULT_ASSISTANTS = {
@@ -29,7 +29,7 @@ TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 @functools.lru_cache(maxsize=8)
 def _resolve(name: str, what: str) -> str:
     """A saved model directory as is; a `.gguf` file or a directory holding one as its cached converted
-    directory (`model_files`); a Hub id unchanged (local cache first); a one-line error otherwise."""
+    directory (`loading.files`); a Hub id unchanged (local cache first); a one-line error otherwise."""
     try:
         return model_files.model_dir(name, what)
     except (model_files.ModelFileError, model_files.MissingGGUFError) as error:

@@ -180,8 +180,8 @@ def _benchmark_task(session, log) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from assisted_backends import distributed
     from assisted_backends.cli.session import open_session
+    from assisted_backends.distributed import launch as distributed
 
     session = open_session(args)
     streams = sys.stdout, sys.stderr  # restored below, so that every rank's own error is printed
@@ -199,7 +199,7 @@ def _run(args: argparse.Namespace) -> None:
 
 def _shutdown(wait_for_peers: bool) -> None:
     if "torch" in sys.modules:  # nothing to shut down when we stopped before loading anything
-        from assisted_backends import distributed
+        from assisted_backends.distributed import launch as distributed
 
         distributed.shutdown(wait_for_peers=wait_for_peers)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from assisted_backends.core.stats import GenerationStats
+from assisted_backends.engine.stats import GenerationStats
 
 
 def describe_stats(stats: GenerationStats) -> str:

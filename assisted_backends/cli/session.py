@@ -11,12 +11,12 @@ from typing import Any
 import torch
 
 import assisted_backends
-from assisted_backends import distributed
 from assisted_backends.backends import Backend, BackendOptions, resolve_backend
+from assisted_backends.backends.cpu import affinity
 from assisted_backends.cli.errors import CLIError
 from assisted_backends.cli.loading import TORCH_DTYPES, default_assistant, load_model, load_tokenizer
 from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
-from assisted_backends.xeon import affinity
+from assisted_backends.distributed import launch as distributed
 
 SMOKE_NOTICE = (
     "note: using a SMOKE demo pair ({target} target, {draft} draft, a few training steps on a small text sample): "

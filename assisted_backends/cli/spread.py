@@ -36,7 +36,7 @@ def run_pairs(
 ) -> tuple[list[float], bool]:
     """Call `measure_pair(i)` (returns one pair's speedup) at least `min_pairs` times, then until the median's
     interval settles or `time_limit` seconds have passed (0: exactly `min_pairs`). Returns (speedups, settled)."""
-    from assisted_backends.rank_agreement import RankAgreement, rank0_decides
+    from assisted_backends.distributed.agreement import RankAgreement, rank0_decides
 
     ranks = RankAgreement.current()  # under a launcher every rank must run as many pairs: rank 0's timings decide
     started = clock()

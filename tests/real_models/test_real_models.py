@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import assisted_backends
-from assisted_backends.core import hf_compat
-from assisted_backends.real_weights import load_real_model, real_model_gguf
+from assisted_backends import hf_compat
+from assisted_backends.loading.real_weights import load_real_model, real_model_gguf
 
 pytestmark = [
     pytest.mark.skipif(

@@ -1,0 +1,1 @@
+"""The public entry points: `generate(...)` and the drop-in `enable(model)`."""

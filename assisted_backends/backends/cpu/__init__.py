@@ -1,0 +1,1 @@
+"""The CPU backend and its helpers (CPU features, precision, int8 drafts, IPEX, threads and affinity)."""

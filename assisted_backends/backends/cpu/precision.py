@@ -1,0 +1,91 @@
+"""Which dtype the target and the draft run in on a CPU, and why (pure functions, easy to test).
+
+`dtype` (the target):
+- None: keep the model's own dtype (the reference path; like `model.generate`).
+- "auto": bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32.
+- "fp32" / "bf16" / "fp16": forced; bf16 and fp16 are refused where they would be emulated.
+
+`draft_precision` (the draft):
+- None: whatever the target resolved to (None keeps the draft's own dtype).
+- "fp32" / "bf16": as above.
+- "w8af32": int8 linear weights with per-output-channel scales, fp32 activations at module
+  boundaries (see `quantize.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from assisted_backends.backends.base import DTYPES
+from assisted_backends.backends.cpu.cpu_features import CPUFeatures
+
+TARGET_CHOICES = ("auto", *DTYPES)
+DRAFT_CHOICES = ("fp32", "bf16", "w8af32")
+_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+class UnsupportedPrecisionError(ValueError):
+    """A precision this CPU or this install cannot serve at speed; the message says what to pass instead."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A resolved precision: `dtype` None means "leave the model as it is"; `quantize` means w8af32."""
+
+    name: str  # "fp32", "bf16", "fp16", "w8af32", or "model" (kept as loaded)
+    dtype: torch.dtype | None
+    reason: str
+    quantize: bool = False
+
+
+def _normalise(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = str(value).lower()
+    return _ALIASES.get(value, value)
+
+
+def _forced(name: str, who: str, features: CPUFeatures) -> Choice:
+    if name == "bf16" and not features.native_bf16:
+        raise UnsupportedPrecisionError(
+            f"{who}='bf16' was asked for, but this CPU ({features.summary()}) has neither AMX-BF16 nor "
+            f"AVX512-BF16: bf16 would be emulated and slower than fp32. Pass {who}='fp32' (or 'auto' for the target)."
+        )
+    if name == "fp16" and not features.native_fp16:
+        raise UnsupportedPrecisionError(
+            f"{who}='fp16' was asked for, but this CPU ({features.summary()}) has neither AMX-FP16 nor "
+            f"AVX512-FP16. Pass {who}='bf16' where the CPU has AMX-BF16 or AVX512-BF16, else 'fp32'."
+        )
+    reason = f"{who}={name!r} asked for"
+    if name == "bf16":
+        reason += f"; runs on {features.bf16_support()}"
+    return Choice(name, DTYPES[name], reason)
+
+
+def target_choice(dtype: str | None, features: CPUFeatures) -> Choice:
+    """The target's precision for `dtype` (see the module docstring)."""
+    name = _normalise(dtype)
+    if name is None:
+        return Choice("model", None, "dtype not given: the model keeps its own dtype (dtype='auto' picks by CPU)")
+    if name == "auto":
+        support = features.bf16_support()
+        if support:
+            return Choice("bf16", torch.bfloat16, f"dtype='auto': bf16 on {support}")
+        return Choice("fp32", torch.float32, "dtype='auto': fp32, this CPU has no AMX-BF16 or AVX512-BF16")
+    if name not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of {TARGET_CHOICES} (or None to keep the model's dtype)")
+    return _forced(name, "dtype", features)
+
+
+def draft_choice(draft_precision: str | None, target: Choice, features: CPUFeatures) -> Choice:
+    """The draft's precision; None follows the target's resolved choice."""
+    name = _normalise(draft_precision)
+    if name is None:
+        return Choice(target.name, target.dtype, f"draft_precision not given: same as the target ({target.name})")
+    if name == "w8af32":
+        return Choice("w8af32", torch.float32, "draft_precision='w8af32' asked for", quantize=True)
+    if name not in DRAFT_CHOICES:
+        raise ValueError(f"draft_precision={draft_precision!r} is not one of {DRAFT_CHOICES} (or None)")
+    return _forced(name, "draft_precision", features)

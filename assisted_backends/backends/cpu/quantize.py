@@ -1,0 +1,130 @@
+"""`w8af32`: the draft's linear weights in int8 (one scale per output channel), fp32 activations at
+every module boundary.
+
+Two compute paths, both PyTorch's own kernels; which one is the default was measured on this
+machine (benchmarks/w8af32_paths.py -> benchmarks/results/w8af32_paths.json, and
+benchmarks/xeon_draft_step.py):
+
+- "int8pack" (default): weight-only int8 with bf16 compute inside, `torch.ops.aten._weight_int8pack_mm`
+  (a maintained core op; the kernel torchao's int8 weight-only path and gpt-fast lower to). PyTorch
+  ships the op but no module around it, so the small `Int8PackedLinear` below is the one piece
+  written here. The op reads garbage (or crashes) when the input width is not a multiple of 16 on
+  the CPU, so such layers keep their fp32 weights. Activations stay unquantized, so the draft agrees
+  with its fp32 self as often as before: SmolLM2-135M verifying its own int8pack copy accepted 90% of
+  drafts, its `dynamic` copy 45%.
+- "dynamic": `torch.ao.quantization.quantize_dynamic` with per-channel int8 weights; each linear also
+  quantizes its fp32 input on the fly and multiplies int8 x int8 (fbgemm / oneDNN). Faster per step
+  (0.39x fp32 against int8pack's 0.56x on SmolLM2 here) but `torch.ao.quantization` is deprecated
+  (slated for removal) and the activation rounding costs acceptance on real models. Opt in with
+  `assisted_backends.backends.cpu.quantize.DEFAULT_METHOD = "dynamic"` while this torch still has it.
+- torchao (`Int8WeightOnlyConfig`) was measured too: 1.8x *slower* than fp32 in eager mode here (its
+  CPU speed needs `torch.compile` with freezing); it is not used.
+
+What is never done: int8 weights dequantized to fp32 for every call (4-5x slower than fp32 here).
+Transformers' GPT-2 style `Conv1D` layers (weights stored [in, out]) become `nn.Linear` first so both
+paths see them.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+from torch import nn
+
+METHODS = ("dynamic", "int8pack")
+DEFAULT_METHOD = "int8pack"
+QUANTIZED_ATTRIBUTE = "_assisted_backends_w8af32"  # set on a quantized model: the method used
+
+
+class Int8PackedLinear(nn.Module):
+    """y = x Wᵀ + b, W [N, K] stored int8 with a bf16 scale per output row; bf16 compute, x's dtype out."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        weight = weight.detach().float()  # [N, K]
+        scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0  # [N]
+        quantized = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.register_buffer("weight", quantized.contiguous())  # [N, K] int8
+        self.register_buffer("scale", scale.to(torch.bfloat16))  # [N]
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, K]
+        scale = self.scale.to(torch.bfloat16)  # no copy unless a model-wide .to(dtype) cast it
+        out = torch.ops.aten._weight_int8pack_mm(rows, self.weight, scale)  # [M, N] bf16
+        out = out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, bf16 compute"
+
+
+def _conv1d_to_linear(model: nn.Module) -> None:
+    """Replace transformers' `Conv1D` (y = x W + b, W [in, out]) by the equivalent `nn.Linear`."""
+    from transformers.pytorch_utils import Conv1D
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Conv1D):
+                in_features, out_features = child.weight.shape
+                linear = nn.Linear(in_features, out_features, bias=child.bias is not None)
+                with torch.no_grad():
+                    linear.weight.copy_(child.weight.t())
+                    if child.bias is not None:
+                        linear.bias.copy_(child.bias)
+                setattr(parent, name, linear)
+
+
+def _int8pack(model: nn.Module) -> None:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.in_features % 16 == 0:
+                setattr(parent, name, Int8PackedLinear(child.weight, child.bias))
+
+
+def _dynamic(model: nn.Module) -> nn.Module:
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():  # torch >= 2.10 marks torch.ao.quantization deprecated (moving to torchao)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*", category=UserWarning)
+        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+
+
+def check_supported(method: str | None = None) -> None:
+    """Raise a clear error when this torch build cannot run `method` (default: DEFAULT_METHOD)."""
+    method = method or DEFAULT_METHOD
+    if method not in METHODS:
+        raise ValueError(f"w8af32 method {method!r} is not one of {METHODS}")
+    if method == "dynamic":
+        engines = torch.backends.quantized.supported_engines
+        if not any(engine in engines for engine in ("x86", "fbgemm", "onednn", "qnnpack")):
+            raise RuntimeError(
+                f"draft_precision='w8af32' needs a quantized engine (x86/fbgemm/onednn); this torch build has {engines}"
+            )
+    elif not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        raise RuntimeError("draft_precision='w8af32' (int8pack) needs torch >= 2.4 (aten._weight_int8pack_mm)")
+
+
+def quantize_w8af32(model: nn.Module, method: str | None = None) -> nn.Module:
+    """A w8af32 copy of `model` (the original is left as it was): fp32 everywhere, linear weights int8."""
+    method = method or DEFAULT_METHOD
+    check_supported(method)
+    if getattr(model, QUANTIZED_ATTRIBUTE, None) == method:
+        return model
+    quantized = copy.deepcopy(model).float().eval()
+    _conv1d_to_linear(quantized)
+    if method == "dynamic":
+        quantized = _dynamic(quantized)
+    else:
+        _int8pack(quantized)
+    setattr(quantized, QUANTIZED_ATTRIBUTE, method)
+    return quantized
+
+
+def is_quantized(model: nn.Module) -> bool:
+    return getattr(model, QUANTIZED_ATTRIBUTE, None) is not None

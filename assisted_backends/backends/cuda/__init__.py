@@ -1,0 +1,1 @@
+"""The CUDA backend and its helpers (graph capture)."""

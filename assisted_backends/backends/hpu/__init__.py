@@ -1,0 +1,1 @@
+"""The Gaudi (HPU) backend and its helpers (optimum-habana)."""

@@ -1,0 +1,93 @@
+"""Prompt lookup drafting: no draft model, the context itself is the draft.
+
+For n = max_ngram down to min_ngram: take the last n committed tokens x_{L-n..L-1}; find the *latest*
+earlier position i with x_{i..i+n-1} equal to them and propose what followed, x_{i+n..i+n+γ-1}
+(clipped at the committed end); in a batch each row looks up in its own tokens. The drafter asks for a
+match of at least 2 tokens: a single repeated token ("the", a comma) in free text predicts the next
+ones about as well as chance, and each such proposal costs a wider verify pass. Measured on
+SmolLM2-135M (fp32, 1 thread, 64 tokens): the open-ended task verified 23 proposals and accepted 2
+with one-token matches, 3 proposals with two-token ones (constant γ: 0.79x -> 0.98x of plain decoding), while the
+input-grounded tasks kept their gains (Gemma 3 edit 1.49x -> 1.60x, SmolLM2 summarize 1.37x -> 1.41x). The drafter is
+deterministic, so when sampling q is a point mass on each proposed token and the lossless rule accepts
+token x with probability p(x).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from assisted_backends.drafters.base import Drafter, Proposal
+from assisted_backends.engine.sampling import TokenSelector
+from assisted_backends.engine.tokens import TokenBuffer
+
+DEFAULT_MAX_NGRAM = 3
+DEFAULT_MIN_NGRAM = 2
+
+
+def lookup(ids: torch.Tensor, max_ngram: int, count: int, min_ngram: int = 1) -> torch.Tensor:
+    """Continuation [≤ count] of the latest earlier match of the longest matching suffix n-gram of `ids` [L]
+    (n from max_ngram down to min_ngram)."""
+    length = ids.shape[0]
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        pattern = ids[length - n :]  # [n]
+        windows = ids[: length - 1].unfold(0, n, 1)  # [L - n, n]; start i keeps i + n <= L - 1
+        starts = (windows == pattern).all(dim=1).nonzero()
+        if starts.numel():
+            begin = int(starts[-1, 0]) + n
+            return ids[begin : begin + count]
+    return ids[:0]
+
+
+class PromptLookupDrafter(Drafter):
+    """Proposes up to γ tokens copied from the context; with `fixed_length` always exactly γ.
+
+    Under fixed length a short (or missing) match is filled up by repeating the last token (a
+    point mass like the rest: correctness never depends on what is proposed).
+    """
+
+    name = "prompt_lookup"
+
+    def __init__(
+        self,
+        vocab_size: int,
+        max_ngram: int = DEFAULT_MAX_NGRAM,
+        fixed_length: bool = False,
+        min_ngram: int | None = None,  # None: DEFAULT_MIN_NGRAM
+    ) -> None:
+        min_ngram = DEFAULT_MIN_NGRAM if min_ngram is None else min_ngram
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        self.vocab_size = vocab_size
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.fixed_length = fixed_length
+
+    @property
+    def forward_count(self) -> int:
+        return 0
+
+    def prefill(self, buffer: TokenBuffer) -> None:
+        return None
+
+    def rollback(self, buffer: TokenBuffer) -> None:
+        return None  # stateless: every proposal reads the committed tokens afresh
+
+    def propose(
+        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
+    ) -> Proposal:
+        start = buffer.length
+        prefixes = buffer.row_prefixes()
+        starts = prefixes.starts if prefixes is not None else [0]
+        found = [
+            lookup(buffer.ids[b, first:start], self.max_ngram, gamma, self.min_ngram) for b, first in enumerate(starts)
+        ]
+        count = gamma if self.fixed_length else max(match.shape[0] for match in found)
+        for b, match in enumerate(found):  # a row with a shorter match repeats its last token (a point mass too)
+            buffer.ids[b, start : start + match.shape[0]] = match
+            if count > match.shape[0]:
+                buffer.ids[b, start + match.shape[0] : start + count] = buffer.ids[b, start + match.shape[0] - 1]
+        if not selector.do_sample or count == 0:
+            return Proposal(count, None)
+        draft = buffer.ids[:, start : start + count]  # [B, count]
+        q = torch.nn.functional.one_hot(draft, self.vocab_size).float()  # [B, count, V]
+        return Proposal(count, q)

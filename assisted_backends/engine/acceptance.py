@@ -1,0 +1,71 @@
+"""Verification: how many of the γ draft tokens the target keeps, and the token it adds.
+
+Notation (Leviathan et al. 2023, algorithm 1): draft tokens x_1..x_γ were sampled from the draft's
+distributions q_1..q_γ; the target's single forward pass gives p_1..p_{γ+1}. All functions keep the
+batch dimension B and never leave the device, so the accepted count needs no host sync to compute.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from assisted_backends.engine.sampling import sample
+
+
+def leading_true(matches: torch.Tensor) -> torch.Tensor:
+    """Length of the all-True prefix of each row of `matches` [B, γ] -> [B] (long)."""
+    return matches.long().cumprod(dim=-1).sum(dim=-1)
+
+
+def greedy_accept(draft: torch.Tensor, target_choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification.
+
+    draft [B, γ], target_choice [B, γ+1] (the target's argmax after each prefix).
+    Returns n [B], the longest prefix where draft == target, and the next token target_choice[:, n].
+    """
+    n = leading_true(draft == target_choice[:, :-1])
+    next_token = target_choice.gather(1, n[:, None]).squeeze(1)
+    return n, next_token
+
+
+def acceptance_probability(p_draft: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x)/q(x)) for the drafted tokens x (both arguments gathered at x)."""
+    return torch.clamp(p_draft / q_draft, max=1.0)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p − q)) over the last dimension.
+
+    Guard (DESIGN.md rule 3): where p ≈ q the residual sums to zero; rejection then has probability
+    zero in exact arithmetic and only rounding reaches it, so p itself is returned there.
+    """
+    residual = torch.clamp(p - q, min=0.0)
+    total = residual.sum(dim=-1, keepdim=True)
+    safe = total > torch.finfo(p.dtype).tiny
+    return torch.where(safe, residual / torch.where(safe, total, torch.ones_like(total)), p)
+
+
+def speculative_accept(
+    draft: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lossless speculative sampling.
+
+    draft [B, γ], q [B, γ, V], p [B, γ+1, V]. Accept x_i while u_i < min(1, p_i(x_i)/q_i(x_i));
+    at the first rejection i sample from norm(max(0, p_i − q_i)); if all γ pass, sample the bonus
+    token from p_{γ+1}. Returns n [B] accepted and the next token [B].
+    """
+    batch, gamma = draft.shape
+    p_draft = p[:, :gamma, :].gather(-1, draft[..., None]).squeeze(-1)  # [B, γ]
+    q_draft = q.gather(-1, draft[..., None]).squeeze(-1)  # [B, γ]
+    u = torch.rand((batch, gamma), generator=generator, device=p.device, dtype=p.dtype)
+    n = leading_true(u < acceptance_probability(p_draft, q_draft))  # [B]
+
+    # Distribution of the next token: residual at the first rejection, p_{γ+1} when all passed.
+    rows = n[:, None, None].expand(batch, 1, p.shape[-1])
+    p_n = p.gather(1, rows).squeeze(1)  # [B, V]
+    q_n = q.gather(1, rows.clamp(max=gamma - 1)).squeeze(1) * (n < gamma)[:, None]  # [B, V]; q_{γ+1} = 0
+    next_distribution = residual_distribution(p_n, q_n)  # equals p_{γ+1} when n == γ
+    return n, sample(next_distribution, generator)

@@ -1,0 +1,139 @@
+"""KV-cache layouts: where one model's keys and values live and how a rejected tail is undone.
+
+Both layouts keep the invariant of DESIGN.md rule 5: after every round the cache holds exactly the
+committed tokens that the model has been fed (`length` positions, left padding included).
+
+- `DynamicLayout`: the cache grows by concatenation; rollback crops it.
+- `StaticLayout`: preallocated to `capacity` positions (a bucket multiple); rollback only moves the
+  write position. Entries past the position are stale: the causal mask hides them and the next write
+  overwrites them. The attention mask always spans `capacity`, so every step sees fixed shapes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from transformers import PreTrainedModel
+
+from assisted_backends import hf_compat
+from assisted_backends.engine.realign import RowMove
+
+LAYOUT_NAMES = ("dynamic", "static")
+
+
+class CacheLayout(ABC):
+    """One model's KV cache plus the bookkeeping the runner needs to call the model."""
+
+    name: str
+
+    def __init__(self, pad: torch.Tensor) -> None:
+        self.pad = pad  # [B] left-padding positions per row (masked out)
+        self.length = 0  # positions written and valid, padding included
+
+    @property
+    @abstractmethod
+    def cache(self): ...
+
+    @abstractmethod
+    def attention_mask(self, query_length: int) -> torch.Tensor | None:
+        """The 2-D mask for a forward of `query_length` new positions, or None when nothing is masked."""
+
+    def advance(self, query_length: int) -> None:
+        self.length += query_length
+
+    @abstractmethod
+    def rollback(self, length: int) -> None:
+        """Forget every position at index >= `length`."""
+
+    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
+        """Batches (`engine.realign`): move every row's cached positions by its shift and keep at most `length`
+        (fewer when a row moved left past what was written); `pad` [B'] is each row's new left padding."""
+        self.pad = pad
+        keep = max(0, min(length, self.length + min(move.shifts)))
+        if self.length > 0:
+            hf_compat.move_cache_rows(self.cache, move, self.length, keep, in_place=self._in_place)
+        self.length = keep
+
+    def _padding_mask(self, total: int) -> torch.Tensor:
+        positions = torch.arange(total, device=self.pad.device)
+        return (positions[None, :] >= self.pad[:, None]).long()  # [B, total]
+
+
+class DynamicLayout(CacheLayout):
+    name = "dynamic"
+    _in_place = False
+
+    def __init__(self, model: PreTrainedModel, pad: torch.Tensor) -> None:
+        super().__init__(pad)
+        self._cache = hf_compat.new_dynamic_cache(model)
+        self._has_padding = bool(pad.any())
+
+    @property
+    def cache(self):
+        return self._cache
+
+    def attention_mask(self, query_length: int) -> torch.Tensor | None:
+        if not self._has_padding:
+            return None  # no padding: the model's own causal mask is exact and cheapest
+        return self._padding_mask(self.length + query_length)
+
+    def rollback(self, length: int) -> None:
+        if length < self.length:
+            hf_compat.crop_dynamic_cache(self._cache, length)
+            self.length = length
+
+    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
+        super().move_rows(move, pad, length)
+        self._has_padding = bool(pad.any())
+
+
+class StaticLayout(CacheLayout):
+    name = "static"
+    _in_place = True  # graphs captured the cache's addresses
+
+    def __init__(self, model: PreTrainedModel, pad: torch.Tensor, capacity: int) -> None:
+        super().__init__(pad)
+        self.capacity = capacity
+        parameter = next(model.parameters())
+        self._cache = hf_compat.new_static_cache(
+            model, batch_size=pad.shape[0], max_cache_len=capacity, dtype=parameter.dtype, device=parameter.device
+        )
+        self._mask = self._padding_mask(capacity)  # [B, capacity], fixed for the whole generation
+
+    @property
+    def cache(self):
+        return self._cache
+
+    def attention_mask(self, query_length: int) -> torch.Tensor:
+        if self.length + query_length > self.capacity:
+            raise RuntimeError(
+                f"static KV cache overflow: {self.length} + {query_length} positions > capacity {self.capacity}"
+            )
+        return self._mask
+
+    def rollback(self, length: int) -> None:
+        if length < self.length:
+            self.length = length
+            hf_compat.set_static_cache_length(self._cache, length)
+
+    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
+        if move.keep is not None:
+            raise RuntimeError("a static cache keeps its batch size: finished rows ride along, they never leave")
+        super().move_rows(move, pad, length)
+        hf_compat.set_static_cache_length(self._cache, self.length)
+        self._mask = self._padding_mask(self.capacity)
+
+
+def bucketed(length: int, bucket: int) -> int:
+    """Smallest multiple of `bucket` that is >= `length`."""
+    return -(-length // bucket) * bucket
+
+
+def make_layout(name: str, model: PreTrainedModel, pad: torch.Tensor, capacity: int, bucket: int) -> CacheLayout:
+    """Build layout `name`; a static layout is preallocated to `capacity` rounded up to `bucket`."""
+    if name == "dynamic":
+        return DynamicLayout(model, pad)
+    if name == "static":
+        return StaticLayout(model, pad, bucketed(capacity, bucket))
+    raise ValueError(f"cache_layout={name!r} is not one of {LAYOUT_NAMES}")

@@ -1,0 +1,274 @@
+"""The assisted-decoding loop: prefill -> [draft γ -> verify γ+1 -> accept -> commit/rollback]*.
+
+With no drafter (or γ = 0) the same loop is plain autoregressive decoding, so both modes are
+measured through one code path. Two optional hooks (`LoopSettings`): `stop` (stop strings and custom
+criteria, `engine.stopping`) flags the prefixes of a round where plain decoding would stop, on the
+device; `on_commit` (streaming, one row) receives each round's committed tokens. Both ride the round's
+one host transfer. Batches are the same loop: every tensor keeps its batch dimension, each row accepts
+its own n_b and stops at its own EOS or token limit, and the rows are realigned after the round
+(`engine.realign`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from assisted_backends.drafters.base import Drafter, Proposal
+from assisted_backends.engine.acceptance import greedy_accept, speculative_accept
+from assisted_backends.engine.head_on_demand import HeadSplit, greedy_accept_on_demand
+from assisted_backends.engine.realign import plan_move
+from assisted_backends.engine.runner import ModelRunner
+from assisted_backends.engine.sampling import TokenSelector, sample
+from assisted_backends.engine.schedule import DraftSchedule, RoundObservation
+from assisted_backends.engine.stats import GenerationStats, RowStats
+from assisted_backends.engine.stopping import StopCheck
+from assisted_backends.engine.tokens import RowPrefixes, TokenBuffer
+
+
+@dataclass
+class LoopSettings:
+    max_new_tokens: int
+    eos_token_ids: torch.Tensor | None  # [E] or None
+    fixed_draft_length: bool  # static shapes: always draft γ, always verify γ + 1
+    synchronize: Callable[[], None]
+    stop: StopCheck | None = None  # stop strings / custom criteria, checked on every candidate prefix
+    on_commit: Callable[[list[int]], None] | None = None  # receives the committed tokens of each round
+
+
+def _choose_first(
+    logits: torch.Tensor, context: torch.Tensor, selector: TokenSelector, generator, rows: RowPrefixes | None
+) -> torch.Tensor:
+    if selector.do_sample:
+        return sample(selector.probabilities(logits, context, rows), generator)[:, -1]
+    return selector.greedy(logits, context, rows)[:, -1]
+
+
+def _verify(
+    target: ModelRunner,
+    buffer: TokenBuffer,
+    start: int,
+    draft: torch.Tensor,
+    proposal: Proposal,
+    selector: TokenSelector,
+    generator: torch.Generator | None,
+    split: HeadSplit | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One target pass over the pending token and the γ draft tokens: (n [B], next token [B], logits [B, m, V]).
+
+    m = γ + 1, except when the head runs on demand (greedy, `split` given and wanting it): then the
+    logits of position 1 come first and the rest only if some row accepted x_1 (`engine.head_on_demand`).
+    """
+    gamma = draft.shape[1]
+    tokens = buffer.ids[:, target.length : start + gamma]  # [B, γ+1]
+    prefixes = buffer.row_prefixes()
+    if split is not None and gamma > 0 and split.wanted():
+        hidden = target.forward(tokens, hidden_only=True)  # [B, γ+1, D]
+
+        def choose(logits: torch.Tensor, end: int) -> torch.Tensor:
+            return selector.greedy(logits, buffer.through(start + end - 1), prefixes)
+
+        return greedy_accept_on_demand(draft, hidden, target.head, choose, split)
+    logits = target.forward(tokens)  # [B, γ+1, V]
+    context = buffer.through(start + gamma)
+    if not selector.do_sample:
+        accepted, next_token = greedy_accept(draft, selector.greedy(logits, context, prefixes))
+        if split is not None and gamma > 0:
+            split.record_outcome(bool((accepted > 0).any()))
+        return accepted, next_token, logits
+    p = selector.probabilities(logits, context, prefixes)  # [B, γ+1, V]
+    if gamma > 0:
+        accepted, next_token = speculative_accept(draft, proposal.q, p, generator)
+        return accepted, next_token, logits
+    return torch.zeros(p.shape[0], dtype=torch.long, device=p.device), sample(p[:, -1], generator), logits
+
+
+def _round_outcome(
+    accepted: torch.Tensor,
+    span: torch.Tensor,
+    eos_token_ids: torch.Tensor | None,
+    stops: torch.Tensor | None,
+    with_tokens: bool,
+) -> tuple[list[int], list[int], list[int]]:
+    """(n, e, tokens): per row the accepted count and the index in `span` [B, m] of the first EOS or stop
+    among its n + 1 new tokens (m when there is none) and, when asked, row 0's span tokens, read from the
+    device in one transfer: the round's only host sync. `stops` [B, m]: where a stopping criterion fires."""
+    batch, m = span.shape
+    if eos_token_ids is None and stops is None and not with_tokens:
+        return accepted.tolist(), [m] * batch, []
+    positions = torch.arange(m, device=span.device)
+    hits = torch.zeros_like(span, dtype=torch.bool)  # [B, m]
+    if eos_token_ids is not None:
+        hits = hits | torch.isin(span, eos_token_ids)
+    if stops is not None:
+        hits = hits | stops
+    hits = hits & (positions[None, :] <= accepted[:, None])
+    first = torch.where(hits.any(dim=1), hits.long().argmax(dim=1), m)  # [B]
+    parts = [accepted, first] + ([span[0]] if with_tokens else [])
+    values = torch.cat(parts).tolist()
+    return values[:batch], values[batch : 2 * batch], values[2 * batch :]
+
+
+class _Rows:
+    """The host side of a batch: which batch positions still generate, and each row's stats."""
+
+    def __init__(self, batch: int, riders: int, stats: GenerationStats) -> None:
+        self.live = [True] * (batch - riders) + [False] * riders  # False: finished or filler, riding along
+        self.stats = [RowStats() for _ in range(batch - riders)]  # by the caller's row index
+        self.total = stats
+        stats.batch_size, stats.rows = batch - riders, self.stats
+
+    def commit(self, buffer: TokenBuffer, counts: dict[int, int], done: dict[int, bool], end: int, at: float) -> None:
+        """Row b (batch position) committed counts[b] tokens ending before column end + counts[b]."""
+        for b, count in counts.items():
+            buffer.new_tokens[b] += count
+            row = self.stats[buffer.rows[b]]
+            row.new_tokens = buffer.new_tokens[b]
+            if done[b]:
+                self.live[b] = False
+                row.finished_s = at
+                buffer.finish_row(b, end + count)
+
+
+def _move_rows(
+    buffer: TokenBuffer,
+    rows: _Rows,
+    accepted: list[int],
+    length: int,
+    drop_finished: bool,
+    target: ModelRunner,
+    drafter: Drafter | None,
+) -> int:
+    """Batches: realign the rows after a round (`engine.realign`); return the shared length afterwards.
+
+    `length`: the shared length if no row moved (the round's start + max accepted + 1)."""
+    began = time.perf_counter()
+    move, pad, cut = plan_move(buffer.pad, accepted, rows.live, drop_finished, buffer.ids.device)
+    if move is None:
+        return length
+    buffer.move_rows(move, pad, move.kept)
+    rows.live = [rows.live[b] for b in move.kept]
+    buffer.length = length - cut
+    target.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
+    if drafter is not None:
+        drafter.move_rows(move, buffer)
+    rows.total.row_moves += 1
+    rows.total.move_s += time.perf_counter() - began
+    return buffer.length
+
+
+def decode(
+    target: ModelRunner,
+    drafter: Drafter | None,
+    buffer: TokenBuffer,
+    selector: TokenSelector,
+    schedule: DraftSchedule | None,
+    generator: torch.Generator | None,
+    settings: LoopSettings,
+    stats: GenerationStats,
+) -> GenerationStats:
+    """Generate into `buffer` until every row has max_new_tokens or its EOS; fill and return `stats`.
+
+    One row: the committed tokens stay in place. Several rows (`engine.realign`): after each round the rows
+    move so that all end at one column again; finished rows leave the batch under the dynamic layout
+    and ride along (unread) under static shapes, where the batch size must not change.
+    """
+    started = time.perf_counter()
+    rows = _Rows(buffer.ids.shape[0], buffer.riders, stats)
+    drop_finished = not settings.fixed_draft_length and target.layout.name == "dynamic"
+    split = None  # greedy with the head on demand (`engine.head_on_demand`): decided after the prefill checked it
+
+    # Prefill: the target sees the prompt and picks the first token. The drafter sees the committed
+    # tokens only when it is first asked to draft, so a schedule that never speculates never pays for it.
+    logits = target.forward(buffer.committed(), last_only=True)
+    first = _choose_first(logits, buffer.committed(), selector, generator, buffer.row_prefixes())
+    draft_ready = False
+    buffer.ids[:, buffer.length] = first
+    stops = None
+    if settings.stop is not None:
+        stops = settings.stop.hits(buffer.ids, buffer.length, 1, logits[:, -1:], buffer.row_prefixes())
+    _, ends, tokens = _round_outcome(
+        torch.zeros_like(first), buffer.ids[:, buffer.length : buffer.length + 1], settings.eos_token_ids, stops,
+        settings.on_commit is not None,
+    )  # fmt: skip
+    batch = len(ends)
+    live = [b for b, alive in enumerate(rows.live) if alive]
+    done = {b: ends[b] == 0 or settings.max_new_tokens == 1 for b in live}
+    rows.commit(buffer, dict.fromkeys(live, 1), done, buffer.length, time.perf_counter() - started)
+    buffer.length += 1
+    if settings.on_commit is not None:
+        settings.on_commit(tokens)
+    if drop_finished and any(rows.live) and not all(rows.live):  # rows done at once leave (static: they ride)
+        _move_rows(buffer, rows, [0] * batch, buffer.length, drop_finished, target, drafter)
+    if target.head_ready and not selector.do_sample:
+        split = HeadSplit()
+    settings.synchronize()
+    prefill_done = time.perf_counter()
+    if schedule is not None:
+        schedule.observe_prefill(prefill_done - started)
+
+    while any(rows.live):
+        live = [b for b, alive in enumerate(rows.live) if alive]
+        remaining = {b: settings.max_new_tokens - buffer.new_tokens[b] for b in live}
+        gamma = schedule.draft_length() if (drafter is not None and schedule is not None) else 0
+        if not settings.fixed_draft_length:
+            gamma = min(gamma, max(remaining.values()) - 1)  # never draft what cannot be committed
+        start = buffer.length
+
+        if gamma > 0 and not draft_ready:
+            drafter.prefill(buffer)
+            draft_ready = True
+        round_started = time.perf_counter()
+        proposal = drafter.propose(buffer, gamma, selector, generator) if gamma > 0 else Proposal(0)
+        if settings.fixed_draft_length and proposal.count != gamma:
+            raise RuntimeError(f"{drafter.name} proposed {proposal.count} tokens; static shapes need exactly {gamma}")
+        asked, gamma = gamma, proposal.count
+        draft = buffer.ids[:, start : start + gamma]  # [B, γ]
+        drafted_at = time.perf_counter()
+        accepted, next_token, logits = _verify(target, buffer, start, draft, proposal, selector, generator, split)
+        stats.head_positions_skipped += gamma + 1 - logits.shape[1]
+
+        span = buffer.ids[:, start : start + gamma + 1]  # [B, γ+1]: the draft, then scratch
+        span.scatter_(1, accepted[:, None], next_token[:, None])  # the target's token after the n accepted
+        stops = None
+        if settings.stop is not None:  # positions past the computed logits lie past n: never committed
+            stops = settings.stop.hits(buffer.ids, start, logits.shape[1], logits, buffer.row_prefixes())
+            stops = torch.nn.functional.pad(stops, (0, gamma + 1 - logits.shape[1]), value=False)
+        n, ends, tokens = _round_outcome(accepted, span, settings.eos_token_ids, stops, settings.on_commit is not None)
+        verified_at = time.perf_counter()
+        keep = {b: min(n[b] + 1, remaining[b], ends[b] + 1) for b in live}  # to the limit and the first EOS/stop
+        done = {b: ends[b] < keep[b] or keep[b] == remaining[b] for b in live}
+        rows.commit(buffer, keep, done, start, verified_at - started)
+        if settings.on_commit is not None:
+            settings.on_commit(tokens[: keep[0]])  # committed tokens only: never a rejected draft token
+        for b in live:
+            stats.record_round(gamma, n[b])
+            rows.stats[buffer.rows[b]].record_round(gamma, n[b])
+
+        if not buffer.batched:
+            buffer.length = start + keep[0]
+        elif any(rows.live):
+            most = max(n[b] for b in live if rows.live[b])
+            n_live = [n[b] if rows.live[b] else 0 for b in range(len(rows.live))]
+            buffer.length = _move_rows(buffer, rows, n_live, start + most + 1, drop_finished, target, drafter)
+        target.rollback(buffer.length - 1)  # the newest committed token stays pending
+        if drafter is not None and asked > 0:
+            drafter.rollback(buffer)
+        if schedule is not None:  # batches: the verify cost includes realigning the rows (it grows with γ too)
+            row_accepted = tuple(n[b] for b in live) if buffer.batched else ()
+            verify_s = (time.perf_counter() if buffer.batched else verified_at) - drafted_at
+            schedule.update(
+                RoundObservation(gamma, sum(n[b] for b in live), drafted_at - round_started, verify_s, row_accepted)
+            )
+
+    settings.synchronize()
+    finished_at = time.perf_counter()
+    stats.new_tokens = sum(row.new_tokens for row in rows.stats)
+    stats.prefill_s = prefill_done - started
+    stats.decode_s = finished_at - prefill_done
+    stats.target_forwards = target.forward_count
+    stats.draft_forwards = drafter.forward_count if drafter is not None else 0
+    return stats

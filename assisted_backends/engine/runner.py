@@ -1,0 +1,107 @@
+"""ModelRunner: one causal LM, its KV cache layout, and the one forward call the loop needs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+from transformers import PreTrainedModel
+
+from assisted_backends import hf_compat
+from assisted_backends.engine.head_on_demand import OnDemandHead
+from assisted_backends.engine.kv_cache import CacheLayout
+from assisted_backends.engine.realign import RowMove
+
+
+class ModelRunner:
+    """Feeds new tokens to a model on top of its cache and returns the logits.
+
+    Position ids are computed here, not by the model, so left padding and rollback never confuse
+    a model's own position bookkeeping. Positions of tokens beyond the model's range (only ever
+    fixed-shape filler past the last token that can be committed) are clamped; causality keeps
+    them from touching any committed position.
+
+    `head_on_demand`: the loop may ask for the head's inputs instead of logits (`engine.head_on_demand`),
+    once the first prefill showed that applying the head itself reproduces the model's logits.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        layout: CacheLayout,
+        step_boundary: Callable[[], None] = lambda: None,
+        head_on_demand: bool = False,
+    ) -> None:
+        self.model = model
+        self.layout = layout
+        self.step_boundary = step_boundary
+        self.forward_count = 0
+        limit = hf_compat.max_positions(model)
+        self._max_position = (limit - 1) if limit else None
+        self._pass_cache_position = hf_compat.forward_accepts(model, "cache_position")
+        self._keep_last = hf_compat.logits_to_keep_kwargs(model, 1)
+        self.head = OnDemandHead.of(model) if head_on_demand else None
+
+    @property
+    def head_ready(self) -> bool:
+        """Whether `forward(..., hidden_only=True)` may be used (the head's check passed)."""
+        return self.head is not None and bool(self.head.checked())
+
+    @property
+    def length(self) -> int:
+        return self.layout.length
+
+    def forward(self, tokens: torch.Tensor, last_only: bool = False, hidden_only: bool = False) -> torch.Tensor:
+        """Feed `tokens` [B, q] after the cached positions; return float logits [B, q or 1, V], or with
+        `hidden_only` the head's inputs [B, q, D] (the head is skipped: `head.logits` applies it)."""
+        query_length = tokens.shape[1]
+        start = self.layout.length
+        cache_position = torch.arange(start, start + query_length, device=tokens.device)  # [q]
+        position_ids = cache_position[None, :] - self.layout.pad[:, None]  # [B, q]
+        position_ids = position_ids.clamp(min=0, max=self._max_position)
+        kwargs = dict(self._keep_last) if last_only else {}
+        if self._pass_cache_position:
+            kwargs["cache_position"] = cache_position
+        cache, mask = hf_compat.model_inputs(self.layout.cache, self.layout.attention_mask(query_length), query_length)
+        checking = last_only and self.head is not None and self.head.checked() is None
+        capture = self.head.capture(skip=hidden_only) if (hidden_only or checking) else nullcontext()
+        with torch.inference_mode(), capture:
+            output = self.model(
+                input_ids=tokens,
+                attention_mask=mask,
+                position_ids=position_ids,
+                use_cache=True,
+                **hf_compat.cache_kwargs(self.model, cache),
+                **kwargs,
+            )
+        hf_compat.keep_returned_cache(self.layout.cache, output)
+        self.layout.advance(query_length)
+        self.forward_count += 1
+        self.step_boundary()
+        if hidden_only:
+            return self.head.captured
+        logits = output.logits
+        if last_only:
+            logits = logits[:, -1:, :]
+        if checking:
+            self.head.check(logits)
+        return logits.float()
+
+    def extend_from(self, source: ModelRunner, layers: int, end: int) -> bool:
+        """Take positions [length, end) of the first `layers` layers from `source`'s cache instead of computing
+        them (an early-exit view: the same weights computed them). False, with nothing changed, where a
+        layout cannot (static layouts, tuple caches): the caller feeds those tokens instead."""
+        if self.layout.name != "dynamic" or source.layout.name != "dynamic" or end > source.length:
+            return False
+        if not hf_compat.copy_cache_positions(source.layout.cache, self.layout.cache, layers, self.length, end):
+            return False
+        self.layout.advance(max(0, end - self.length))
+        return True
+
+    def rollback(self, length: int) -> None:
+        self.layout.rollback(length)
+
+    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
+        """Batches: shift each row's cached positions (`engine.realign`); keep at most `length`."""
+        self.layout.move_rows(move, pad, length)

@@ -1,0 +1,155 @@
+"""Turning logits into the distribution plain decoding would sample from.
+
+`TokenSelector` applies transformers' own logits processors: the list `model.generate` builds for
+the same call (`options.resolve`), or, from a bare `SamplingConfig`, repetition penalty then
+temperature, top-k, top-p. So the target's p and the draft's q are exactly the distributions plain
+sampling would draw from (DESIGN.md rule 2). Prefix-dependent processors see, at verify position j,
+the prefix extended by the earlier draft tokens of the same round, without the bucket padding
+static shapes insert (`offset`), so the ids and lengths they see are those `model.generate` sees.
+Processors that act on each row alone run once on all positions together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.generation import logits_process
+from transformers.generation.logits_process import (
+    LogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from assisted_backends.engine.tokens import RowPrefixes
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a token is chosen from the logits: greedy argmax, or sampling after warping."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+
+
+# Processors whose output row depends on that row of scores only (no prefix, no per-batch state).
+_ROW_WISE_NAMES = (
+    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
+    "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper", "SuppressTokensLogitsProcessor",
+    "InfNanRemoveLogitsProcessor", "LogitNormalization",
+)  # fmt: skip
+ROW_WISE = tuple(c for c in (getattr(logits_process, n, None) for n in _ROW_WISE_NAMES) if c is not None)
+
+
+def _split(processors: list[LogitsProcessor]) -> tuple[list[LogitsProcessor], list[LogitsProcessor]]:
+    """(prefix-dependent head, row-wise tail): the longest tail of row-wise processors runs batched;
+    everything before it runs per position."""
+    split = len(processors)
+    while split > 0 and isinstance(processors[split - 1], ROW_WISE):
+        split -= 1
+    return processors[:split], processors[split:]
+
+
+def _config_processors(config: SamplingConfig) -> list[LogitsProcessor]:
+    processors: list[LogitsProcessor] = []
+    if config.repetition_penalty not in (None, 1.0):
+        processors.append(RepetitionPenaltyLogitsProcessor(float(config.repetition_penalty)))
+    if config.do_sample:
+        if config.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(config.temperature))
+        if config.top_k:
+            processors.append(TopKLogitsWarper(config.top_k))
+        if config.top_p is not None and config.top_p < 1.0:
+            processors.append(TopPLogitsWarper(config.top_p))
+    return processors
+
+
+class TokenSelector:
+    """Processes logits [B, q, V] into scores, probabilities, and chosen tokens.
+
+    `processors`: transformers' processors in `model.generate`'s order (default: built from
+    `config`); `offset`: leading positions of every context that `model.generate` would not see
+    (static-shape bucket padding). Batches: `row_processors[r]` are those built for row r's prompt
+    alone; the prefix-dependent ones run on each row's own prefix (`RowPrefixes`).
+    """
+
+    def __init__(
+        self,
+        config: SamplingConfig,
+        processors: list[LogitsProcessor] | None = None,
+        offset: int = 0,
+        row_processors: list[list[LogitsProcessor]] | None = None,
+    ) -> None:
+        self.config = config
+        self.offset = offset
+        if row_processors:
+            processors = row_processors[0]
+        processors = _config_processors(config) if processors is None else list(processors)
+        self._prefix_processors, self._warpers = _split(processors)
+        self._row_prefix_processors = [_split(list(p))[0] for p in row_processors] if row_processors else None
+
+    @property
+    def do_sample(self) -> bool:
+        return self.config.do_sample
+
+    def scores(self, logits: torch.Tensor, context: torch.Tensor, rows: RowPrefixes | None = None) -> torch.Tensor:
+        """Processed scores [B, q, V] for logits [B, q, V].
+
+        `context` [B, L] ends with the token fed at the last of the q positions, so position j was
+        computed after the prefix `context[:, offset : L - (q - 1 - j)]`. `rows` (batches): row b's
+        prefix begins at column rows.starts[b] instead, and prefix-dependent processors see one row at a time.
+        """
+        batch, query_length, vocab = logits.shape
+        if self._prefix_processors:
+            positions = []
+            for j in range(query_length):  # γ + 1 positions at most
+                end = context.shape[1] - (query_length - 1 - j)
+                if rows is None:
+                    positions.append(
+                        self._process(self._prefix_processors, context[:, self.offset : end], logits[:, j])
+                    )
+                    continue
+                own = self._row_prefix_processors or [self._prefix_processors] * (max(rows.rows) + 1)
+                positions.append(
+                    torch.cat(
+                        [
+                            self._process(own[row], context[b : b + 1, start:end], logits[b : b + 1, j])
+                            for b, (start, row) in enumerate(zip(rows.starts, rows.rows))
+                        ]
+                    )
+                )
+            logits = torch.stack(positions, dim=1)
+        if self._warpers:
+            flat = logits.reshape(batch * query_length, vocab)
+            for warper in self._warpers:  # row-wise: they ignore the prefix
+                flat = warper(None, flat)
+            logits = flat.reshape(batch, query_length, vocab)
+        return logits
+
+    @staticmethod
+    def _process(processors: list[LogitsProcessor], prefix: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.clone()  # some processors write in place
+        for processor in processors:
+            scores = processor(prefix, scores)
+        return scores
+
+    def probabilities(
+        self, logits: torch.Tensor, context: torch.Tensor, rows: RowPrefixes | None = None
+    ) -> torch.Tensor:
+        """p (or q) [B, q, V]: softmax of the processed scores."""
+        return torch.softmax(self.scores(logits, context, rows), dim=-1)
+
+    def greedy(self, logits: torch.Tensor, context: torch.Tensor, rows: RowPrefixes | None = None) -> torch.Tensor:
+        """argmax tokens [B, q]."""
+        return self.scores(logits, context, rows).argmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of `probs` [..., V] -> [...]."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

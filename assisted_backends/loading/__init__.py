@@ -1,0 +1,1 @@
+"""Loading models from what users pass: saved directories, Hub ids, `.gguf` files."""

@@ -14,6 +14,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    "AssistedGenerator": "assisted_backends.api.generation",
     "GenerateResult": "assisted_backends.api.generation",
     "generate": "assisted_backends.api.generation",
     "GenerationStats": "assisted_backends.engine.stats",
@@ -22,7 +23,16 @@ _LAZY = {
     "set_threads": "assisted_backends.backends.cpu.affinity",
 }
 
-__all__ = ["GenerateResult", "GenerationStats", "disable", "enable", "generate", "set_threads", "__version__"]
+__all__ = [
+    "AssistedGenerator",
+    "GenerateResult",
+    "GenerationStats",
+    "disable",
+    "enable",
+    "generate",
+    "set_threads",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -129,9 +129,8 @@ HYBRID_MASKS_FROM_CONFIG = (4, 55)  # 4.51 needs a HybridCache; 4.55 and 5.x are
 CHUNKED_MASKS_FROM_CONFIG = (5, 0)  # chunked attention (Llama 4): 4.55 gives wrong tokens on a full cache
 
 
-def text_config(model: PreTrainedModel):
-    """The decoder's config (the model's own for a text-only causal LM)."""
-    config = model.config
+def text_config_of(config):
+    """The decoder's part of a model config (the config itself for a text-only causal LM)."""
     if hasattr(config, "get_text_config"):
         try:
             return config.get_text_config(decoder=True)
@@ -140,46 +139,49 @@ def text_config(model: PreTrainedModel):
     return config
 
 
-def check_rollback_supported(model: PreTrainedModel, role: str) -> None:
-    """Refuse, before anything runs, a model whose cache cannot move back to an earlier position exactly.
+def text_config(model: PreTrainedModel):
+    """The decoder's config of `model`."""
+    return text_config_of(model.config)
+
+
+def rollback_refusal(model: PreTrainedModel) -> str | None:
+    """Why the model's cache cannot move back to an earlier position exactly (the end of a sentence that
+    begins "the target (Name) ..."), or None when it can.
 
     Attention layers of every kind (full, sliding-window, chunked) roll back: the caches this module
     builds keep every position (see `full_storage_config`). Recurrent and linear-attention state
     (Mamba, RWKV, hybrid SSM stacks) and cross-layer KV sharing fold the past into a state that a
     rejected draft token cannot be taken out of.
     """
-    name = type(model).__name__
     if getattr(model, "_is_stateful", False):
-        raise NotImplementedError(
-            f"the {role} ({name}) keeps recurrent state that cannot be rolled back past a rejected draft token; "
-            "assisted decoding needs an attention-only model"
+        return (
+            "keeps recurrent state that cannot be rolled back past a rejected draft token; assisted decoding "
+            "needs an attention-only model"
         )
     if cache_argument(model) is None:
-        raise NotImplementedError(
-            f"the {role} ({name}) keeps no KV cache (its forward takes neither cache nor past_key_values); "
-            "assisted decoding needs a model that caches keys and values"
+        return (
+            "keeps no KV cache (its forward takes neither cache nor past_key_values); assisted decoding needs a "
+            "model that caches keys and values"
         )
     config = text_config(model)
     unsupported = sorted(set(getattr(config, "layer_types", None) or ()) - set(ROLLBACK_LAYER_TYPES))
     if unsupported:
-        raise NotImplementedError(
-            f"the {role} ({name}) has layers of type {unsupported} whose cache cannot be rolled back exactly; "
-            f"supported layer types: {list(ROLLBACK_LAYER_TYPES)}"
+        return (
+            f"has layers of type {unsupported} whose cache cannot be rolled back exactly; supported layer types: "
+            f"{list(ROLLBACK_LAYER_TYPES)}"
         )
     chunked = getattr(config, "attention_chunk_size", None) is not None
     hybrid = getattr(config, "cache_implementation", None) == "hybrid"
     for needed, applies in ((CHUNKED_MASKS_FROM_CONFIG, chunked), (HYBRID_MASKS_FROM_CONFIG, hybrid)):
         if applies and _TRANSFORMERS_VERSION < needed:
-            raise NotImplementedError(
-                f"the {role} ({name}) mixes windowed (sliding or chunked) and full-attention layers, whose masks "
-                f"transformers {transformers.__version__} cannot build on a cache that rolls back. "
+            return (
+                f"mixes windowed (sliding or chunked) and full-attention layers, whose masks transformers "
+                f"{transformers.__version__} cannot build on a cache that rolls back. "
                 f"Upgrade: pip install 'transformers>={needed[0]}.{needed[1]}'"
             )
     if getattr(config, "kv_sharing_modes", None) or getattr(config, "num_kv_shared_layers", 0):
-        raise NotImplementedError(
-            f"the {role} ({name}) shares KV caches across layers, which this package cannot roll back; "
-            "use a model without KV sharing"
-        )
+        return "shares KV caches across layers, which this package cannot roll back; use a model without KV sharing"
+    return None
 
 
 def full_storage_config(model: PreTrainedModel):
@@ -312,13 +314,3 @@ def copy_cache_positions(source, destination, layers: int, begin: int, end: int)
         with torch.inference_mode():  # the caches' tensors were made in inference mode
             destination.update(keys[..., begin:end, :].clone(), values[..., begin:end, :].clone(), layer)
     return True
-
-
-def max_positions(model: PreTrainedModel) -> int | None:
-    """The longest sequence the model's position encoding supports, when the config states one."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None

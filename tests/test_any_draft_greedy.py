@@ -142,5 +142,10 @@ def test_different_vocabularies_without_tokenizers_asks_for_them(tokenizers):
     draft = tiny_model("gpt2", seed=1, vocab=len(draft_tokenizer), hidden=32, layers=1)
     with pytest.raises(ValueError, match="pass tokenizer= .* and assistant_tokenizer="):
         generate(target, torch.tensor([[1, 2]]), assistant_model=draft, max_new_tokens=2)
-    with pytest.raises(ValueError, match="pass both tokenizer="):
+    # tokenizer= alone is the stop strings' tokenizer, as in model.generate: no translation asked for
+    with pytest.raises(ValueError, match="pass tokenizer= .* and assistant_tokenizer="):
         generate(target, torch.tensor([[1, 2]]), assistant_model=draft, tokenizer=target_tokenizer, max_new_tokens=2)
+    with pytest.raises(ValueError, match="pass both tokenizer="):
+        generate(
+            target, torch.tensor([[1, 2]]), assistant_model=draft, assistant_tokenizer=draft_tokenizer, max_new_tokens=2
+        )

@@ -1,5 +1,5 @@
 """Lossless sampling in batches: each row draws from the target's distribution for its prompt alone, and
-two rows of one batch are independent draws (issue #14, item 2).
+two rows of one batch are independent draws (docs/design.md rules 2 and 7).
 
 Method of tests/stats_tools.py (exact enumerated reference, chi-square, power check against the
 draft): a batch holds PROMPT and a shorter, left-padded second prompt; each row's four new tokens are

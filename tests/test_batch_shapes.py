@@ -1,4 +1,4 @@
-"""Shape census under batching: static shapes survive batches (issue #14, item 3).
+"""Shape census under batching: static shapes survive batches (docs/design.md rule 8).
 
 With `static_shapes=True` (the HPU policy; CUDA graphs) a batch is rounded up to a power of two
 (copies of row 0 ride along unread), the prompt to a bucket, the cache to a bucket, and rows that

@@ -1,4 +1,4 @@
-"""Batches (issue #14): each row of a left-padded batch is exactly what the target gives that prompt alone.
+"""Batches (docs/design.md rule 7): each row of a left-padded batch is exactly what the target gives that prompt alone.
 
 Greedy identity per row against `model.generate` on the row's prompt *alone* (unpadded), over
 architectures of every cache kind (full, sliding, hybrid, chunked, tuple caches) with every drafter

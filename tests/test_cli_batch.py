@@ -1,4 +1,4 @@
-"""`--batch-size`: the command generates and benchmarks batches (issue #14, item 5).
+"""`--batch-size`: the command generates and benchmarks batches (docs/cli.md, --batch-size; docs/design.md rule 7).
 
 A batch from a prompt file gives, row by row, the text the same prompt gives alone; the benchmark's
 table and JSON gain the batch size, aggregate tokens/s, per-row latency and transformers' batched

@@ -1,4 +1,4 @@
-"""The command as a newcomer meets it (issue 17), through the installed console script: threads,
+"""The command as a newcomer meets it (docs/cli.md), through the installed console script: threads,
 benchmark spread, reproducible default output, statistics, errors before work, Ctrl-C, offline-first
 default draft, startup without torch, messages, the demo's output, and the test-time split."""
 
@@ -20,12 +20,14 @@ import torch
 from tiny_models import tiny_model
 
 from assisted_backends.backends.cpu import affinity
-from assisted_backends.cli.main import flag_spelling
+from assisted_backends.cli.args import cli_spelling
 from assisted_backends.cli.report import describe_stats
 from assisted_backends.cli.spread import is_settled, median_interval, run_pairs
 from assisted_backends.demo.corpus import read_corpus
 from assisted_backends.demo.tokenizer import train_tokenizer
 from assisted_backends.engine.stats import GenerationStats
+from assisted_backends.extras import install_hint
+from assisted_backends.options.errors import OptionError
 
 ROOT = Path(__file__).resolve().parents[1]
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -292,8 +294,10 @@ def test_messages_name_the_flags_the_user_typed(tmp_path):
     binary = tmp_path / "prompt.bin"
     binary.write_bytes(b"\xff\xfe\x00binary")
     _one_line_error(_cli("--prompt-file", str(binary)), "--prompt-file", "not UTF-8 text")
-    assert flag_spelling("dtype='bf16' is not supported") == "--dtype bf16 is not supported"
-    assert 'pip install -e ".[gaudi]"' in flag_spelling("needs habana_frameworks: pip install assisted_backends[gaudi]")
+    error = OptionError("{name} is not supported; pass {fix}", name=("dtype", "bf16"), fix=("dtype", "fp32"))
+    assert str(error) == "dtype='bf16' is not supported; pass dtype='fp32'"  # as generate(...) takes it
+    assert error.render(cli_spelling) == "--dtype bf16 is not supported; pass --dtype fp32"  # as the user typed it
+    assert 'pip install -e ".[gaudi]"' in install_hint("gaudi")
 
 
 def test_smoke_pair_says_what_it_is_and_retraining_time_agrees_with_the_readme():

@@ -1,4 +1,4 @@
-"""What trying speculation costs with a draft that cannot pay (issue 15: Gemma 3 270M drafted by
+"""What trying speculation costs with a draft that cannot pay (docs/design.md rule 10: Gemma 3 270M drafted by
 SmolLM2-135M across tokenizers was 1.14-1.27x slower than plain with the adaptive schedule).
 Each test pins one removed cost by behaviour, not by timing."""
 
@@ -8,8 +8,9 @@ from any_draft_fixtures import saved_tokenizers
 from tiny_models import reference_greedy, tiny_model
 
 from assisted_backends import generate
-from assisted_backends.drafters import factory as drafting
+from assisted_backends.drafters.factory import plan_drafting
 from assisted_backends.engine.schedule import AdaptiveSchedule, RoundObservation
+from assisted_backends.model_facts import ModelFacts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,11 +33,19 @@ class _NoVocab:
         raise AssertionError("get_vocab() called although the sizes already differ")
 
 
+def _plan(target, draft=None, tokenizer=None, assistant_tokenizer=None, lookup_tokens=None, exit_layers=None):
+    """The drafting part of a call's plan (`drafters.factory.plan_drafting`)."""
+    draft_facts = ModelFacts.of(draft) if draft is not None else None
+    return plan_drafting(
+        ModelFacts.of(target), draft, draft_facts, tokenizer, assistant_tokenizer, lookup_tokens, exit_layers
+    )
+
+
 def test_vocabularies_of_different_sizes_need_translation_without_building_them():
     target = tiny_model("llama", seed=0, vocab=96)
     draft = tiny_model("llama", seed=1, vocab=64)
-    spec = drafting.DraftSpec(assistant_model=draft, tokenizer=_NoVocab(96), assistant_tokenizer=_NoVocab(64))
-    assert drafting.needs_translation(spec, target)
+    spec = _plan(target, draft, tokenizer=_NoVocab(96), assistant_tokenizer=_NoVocab(64))
+    assert spec.kind == "translated"
 
 
 def test_costly_probes_run_rarely_enough_to_stay_within_the_budget():
@@ -84,7 +93,7 @@ def test_a_costly_draft_of_another_tokenizer_reads_the_whole_prompt(tokenizers):
     target_tokenizer, draft_tokenizer = tokenizers
     target = tiny_model("llama", seed=0, vocab=len(target_tokenizer), max_positions=512)
     draft = tiny_model("gpt2", seed=1, vocab=len(draft_tokenizer), hidden=32, layers=1, max_positions=512)
-    assert drafting.parameter_ratio(drafting.DraftSpec(assistant_model=draft), target) > 0.25  # costly
+    assert _plan(target, draft, target_tokenizer, draft_tokenizer).cost_ratio > 0.25  # costly
     text = " ".join(f"word{i} and the quick brown fox {i * 7}" for i in range(20))
     ids = target_tokenizer(text, return_tensors="pt").input_ids
     sequences, lengths = _first_pass_lengths(
@@ -140,14 +149,14 @@ def test_prompt_pass_ratio_counts_the_body_without_embeddings_and_head():
     more to read a prompt than a draft of half its parameters. Drafters that read no prompt: 0."""
     target = tiny_model("llama", seed=0, hidden=64, layers=2, vocab=4096)  # untied embeddings and head
     draft = tiny_model("llama", seed=1, hidden=64, layers=2, vocab=256)
-    body = drafting.body_parameter_count(target)
+    body = ModelFacts.of(target).body_parameters
     embeddings = target.get_input_embeddings().weight.numel() + target.get_output_embeddings().weight.numel()
-    assert body == drafting.logical_parameter_count(target) - embeddings
-    assert drafting.body_parameter_count(draft) == body  # same layers, smaller vocabulary
-    spec = drafting.DraftSpec(assistant_model=draft)
-    assert drafting.parameter_ratio(spec, target) < 0.2 and drafting.prompt_pass_ratio(spec, target) == 1.0
-    assert drafting.prompt_pass_ratio(drafting.DraftSpec(assistant_early_exit=1), target) == 0.0
-    assert drafting.prompt_pass_ratio(drafting.DraftSpec(prompt_lookup_num_tokens=3), target) == 0.0
+    assert body == ModelFacts.of(target).parameters - embeddings
+    assert ModelFacts.of(draft).body_parameters == body  # same layers, smaller vocabulary
+    spec = _plan(target, draft, tokenizer=_NoVocab(4096), assistant_tokenizer=_NoVocab(256))
+    assert spec.cost_ratio < 0.2 and spec.prompt_pass_ratio == 1.0
+    assert _plan(target, exit_layers=1).prompt_pass_ratio == 0.0
+    assert _plan(target, lookup_tokens=3).prompt_pass_ratio == 0.0
 
 
 def test_a_free_drafter_speculates_from_the_first_round():
@@ -157,6 +166,6 @@ def test_a_free_drafter_speculates_from_the_first_round():
     assert AdaptiveSchedule(max_gamma=10, cost_prior=0.05).draft_length() == 0
     target = tiny_model("llama", seed=0)
     prompt = torch.arange(20)[None].repeat(1, 3)
-    assert drafting.parameter_ratio(drafting.DraftSpec(prompt_lookup_num_tokens=5), target) == 0.0
+    assert _plan(target, lookup_tokens=5).cost_ratio == 0.0
     result = generate(target, prompt, prompt_lookup_num_tokens=5, max_new_tokens=12)
     assert torch.equal(result.sequences, reference_greedy(target, prompt, 12))

@@ -1,4 +1,4 @@
-"""Multi-card launches take the same decisions on every rank and always end (issue 13).
+"""Multi-card launches take the same decisions on every rank and always end (docs/design.md rule 9).
 
 2 CPU ranks (gloo, DeepSpeed AutoTP) under `torch.distributed.run`, a busy process beside them so
 that the ranks' wall times (which drive the adaptive schedule) differ:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from demo_pair_fixtures import demo_pair, prompt_ids
 from tiny_models import random_prompt, tiny_model
-from transformers import GenerationConfig, LogitsProcessorList, MinLengthLogitsProcessor
+from transformers import GenerationConfig
 
 import assisted_backends
 
@@ -98,13 +98,11 @@ def test_streamer_reaches_the_loop_through_the_drop_in():
     "kwargs, match",
     [
         (dict(num_beams=2), "beam search"),
-        (dict(output_scores=True, return_dict_in_generate=True), "output_scores"),
-        (
-            dict(logits_processor=LogitsProcessorList([MinLengthLogitsProcessor(3, eos_token_id=0)])),
-            "logits processors",
-        ),
-        (dict(prefix_allowed_tokens_fn=lambda batch, ids: [1]), "prefix_allowed_tokens_fn"),
+        (dict(output_attentions=True, return_dict_in_generate=True), "output_attentions"),
+        (dict(output_hidden_states=True, return_dict_in_generate=True), "output_hidden_states"),
+        (dict(negative_prompt_ids=torch.tensor([[1, 2]])), "negative prompts"),
         (dict(inputs_embeds=torch.zeros(1, 2, 8)), "inputs_embeds"),
+        (dict(cache_position=torch.arange(4)), "computes cache positions"),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_by_name(kwargs, match):

@@ -32,9 +32,14 @@ def test_non_positive_max_new_tokens(target, value):
         generate(target, random_prompt(3, 0), max_new_tokens=value)
 
 
-def test_missing_max_new_tokens(target):
-    with pytest.raises(ValueError, match="max_new_tokens is required"):
-        generate(target, random_prompt(3, 0))
+def test_no_length_anywhere_generates_transformers_default_of_20_new_tokens(target):
+    """As model.generate does (with a warning): max_length 20 counted after the prompt."""
+    prompt = random_prompt(3, 0)
+    with pytest.warns(UserWarning, match="no max_new_tokens or max_length given: generating up to 20 new tokens"):
+        ours = generate(target, prompt).sequences
+    with pytest.warns(UserWarning, match="default `max_length`"), torch.inference_mode():
+        expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False)
+    assert ours.shape == (1, 23) and torch.equal(ours, expected)
 
 
 def test_non_positive_num_assistant_tokens(target):
@@ -115,12 +120,17 @@ def _tiny_mpt(max_seq_len: int):
 
 
 def test_alibi_table_shorter_than_the_sequence_is_refused(target):
-    """MPT sizes its ALiBi table by max_seq_len: refused before generating, as target or as draft."""
+    """MPT sizes its ALiBi table by max_seq_len: refused before generating as the target; as a draft it only
+    stops drafting."""
     mpt = _tiny_mpt(64)
     with pytest.raises(ValueError, match=r"the target would attend over 105 cached .* config's max_seq_len is 64"):
         generate(mpt, random_prompt(100, 0), max_new_tokens=5)
-    with pytest.raises(ValueError, match=r"the assistant_model would attend over .* max_seq_len is 64"):
-        generate(target, random_prompt(100, 0), assistant_model=mpt, max_new_tokens=5)
+    # as a draft it only changes speed: drafting stops where its table ends, the target serves the call
+    prompt = random_prompt(100, 0)
+    result = generate(target, prompt, assistant_model=mpt, max_new_tokens=5, num_assistant_tokens=2)
+    assert "its attention spans at most 64 keys" in result.stats.drafting_stopped
+    assert result.stats.drafting_stopped_at == 1 and result.stats.drafted == 0  # at its first round
+    assert torch.equal(result.sequences, generate(target, prompt, max_new_tokens=5).sequences)
     with pytest.raises(ValueError, match=r"the target would attend over 256 cached .* max_seq_len is 64"):
         generate(mpt, random_prompt(40, 0), max_new_tokens=5, static_shapes=True, bucket_size=128)
     assert generate(mpt, random_prompt(50, 0), max_new_tokens=14).sequences.shape == (1, 64)

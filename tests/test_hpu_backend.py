@@ -72,7 +72,7 @@ def test_padding_policy_is_the_cpu_static_shape_policy():
     cpu_static = CPUBackend(options).padding(True)
     assert HPUBackend(options).padding(False) == cpu_static  # static shapes even when not asked for
     assert HPUBackend(options).padding(True) == cpu_static
-    assert cpu_static.pad_prompt and cpu_static.fixed_draft_length and cpu_static.bucket == BUCKET
+    assert cpu_static.static_shapes and cpu_static.bucket == BUCKET
     assert HPUBackend().padding(False).bucket == 128
     assert HPUBackend().cache_layout() == "static"
 
@@ -170,14 +170,14 @@ def test_auto_picks_hpu_when_habana_sees_a_device(fake):
 
 def test_missing_habana_names_the_extra_to_install():
     registry.discover.cache_clear()
-    with pytest.raises(DeviceUnavailableError, match=r"pip install assisted_backends\[gaudi\]"):
+    with pytest.raises(DeviceUnavailableError, match=r'pip install -e "\.\[gaudi\]"'):
         resolve_backend("hpu")
 
 
 def test_bad_precision_names_the_argument():
     with pytest.raises(ValueError, match="dtype='int4' is not supported on hpu; choose one of: auto, fp32, bf16, fp16"):
         HPUBackend(BackendOptions(dtype="int4"))
-    with pytest.raises(NotImplementedError, match="draft_precision='w8af32'"):
+    with pytest.raises(ValueError, match="draft_precision='w8af32' is a CPU scheme"):
         HPUBackend(BackendOptions(draft_precision="w8af32"))
 
 

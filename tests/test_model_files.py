@@ -22,6 +22,7 @@ from assisted_backends.cli import main  # noqa: E402
 from assisted_backends.demo.corpus import read_corpus  # noqa: E402
 from assisted_backends.demo.tokenizer import train_tokenizer  # noqa: E402
 from assisted_backends.loading import files as model_files  # noqa: E402
+from assisted_backends.loading import models  # noqa: E402
 
 TEXT = "def add(first, second):\n    return first + second\n\ndef add_three(a, b, c):\n    return"
 
@@ -55,10 +56,10 @@ def test_gguf_converts_once_into_the_cache_with_the_same_weights_and_tokenizer(t
     model, tokenizer = tiny_pair
     folder = model_files.model_dir(gguf_file)
     assert folder.startswith(str(model_files.cache_root() / "gguf")) and "tiny-llama-" in folder
-    loaded = model_files.load_model(gguf_file)
+    loaded = models.load_model(gguf_file)
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
-    assert model_files.load_tokenizer(gguf_file)(TEXT).input_ids == tokenizer(TEXT).input_ids
+    assert models.load_tokenizer(gguf_file)(TEXT).input_ids == tokenizer(TEXT).input_ids
 
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted again although the cache holds it")

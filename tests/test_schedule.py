@@ -7,13 +7,12 @@ from tiny_models import noisy_copy, random_prompt, reference_greedy, tiny_model
 from assisted_backends import generate
 from assisted_backends.engine.schedule import (
     AdaptiveSchedule,
-    ConstantSchedule,
     RoundObservation,
     _PositionAcceptance,
     _VerifyCost,
+    choose_schedule,
     expected_tokens,
     leviathan_speedup,
-    make_schedule,
 )
 
 
@@ -154,19 +153,28 @@ def test_probe_interval_follows_the_probe_cost():
     assert cheap.probe_interval() < costly.probe_interval() <= costly.max_probe_interval
 
 
-def test_make_schedule_rules():
-    assert isinstance(make_schedule(None, None, False, 4, 8), AdaptiveSchedule)
-    assert make_schedule(None, 3, False, 4, 8).gamma == 3
-    assert make_schedule(None, None, True, 4, 8).gamma == 4
-    assert make_schedule("adaptive", 5, False, 4, 8).max_gamma == 5
-    assert make_schedule(None, None, False, 4, 8, seeded_sampling=True).gamma == 4
-    assert isinstance(make_schedule("adaptive", None, False, 4, 8, seeded_sampling=True), AdaptiveSchedule)
+def test_schedule_choice_rules():
+    def made(*args, **kwargs):
+        return choose_schedule(*args, **kwargs).build()
+
+    assert isinstance(made(None, None, False, 4, 8), AdaptiveSchedule)
+    assert made(None, 3, False, 4, 8).gamma == 3
+    assert made(None, None, True, 4, 8).gamma == 4
+    assert made("adaptive", 5, False, 4, 8).max_gamma == 5
+    assert made(None, None, False, 4, 8, seeded_sampling=True).gamma == 4
+    assert isinstance(made("adaptive", None, False, 4, 8, seeded_sampling=True), AdaptiveSchedule)
+
+
+def test_schedule_option_rules():
+    """The names and combinations are the options layer's rules (`options.ranges`), checked once."""
+    from assisted_backends.options import ranges
+
     with pytest.raises(ValueError, match="static shapes forbid"):
-        make_schedule("adaptive", None, True, 4, 8)
+        ranges.check_shapes(None, True, "adaptive", None)
     with pytest.raises(ValueError, match="schedule='fast' is not one of"):
-        make_schedule("fast", None, False, 4, 8)
+        ranges.check_shapes(None, False, "fast", None)
     with pytest.raises(ValueError, match="num_assistant_tokens must be >= 1"):
-        ConstantSchedule(0)
+        ranges.check_drafting({"num_assistant_tokens": 0})
 
 
 @pytest.mark.parametrize("draft_kind", ["self", "unrelated", "noisy"])

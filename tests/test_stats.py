@@ -1,4 +1,4 @@
-"""Statistics report what they say (DESIGN.md rule 6)."""
+"""Statistics report what they say (docs/design.md rule 6)."""
 
 import pytest
 from tiny_models import noisy_copy, random_prompt, tiny_model

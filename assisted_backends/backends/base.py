@@ -12,13 +12,21 @@ from typing import Literal
 
 import torch
 
+from assisted_backends.options.errors import OptionError
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # --dtype names, every backend
+
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """`DTYPES`' name of `dtype` ("fp32", ...), else its torch name."""
+    return next((name for name, known in DTYPES.items() if known == dtype), str(dtype))
 
 
 def named_dtype(name: str, argument: str, device: str) -> torch.dtype:
     """DTYPES[name], or a ValueError naming `argument`, the device and the choices."""
     if name not in DTYPES:
-        raise ValueError(f"{argument}={name!r} is not supported on {device}; choose one of: auto, {', '.join(DTYPES)}")
+        raise OptionError(f"{{name}} is not supported on {device}; choose one of: auto, {', '.join(DTYPES)}",
+                          name=(argument, name))  # fmt: skip
     return DTYPES[name]
 
 
@@ -30,13 +38,13 @@ class PaddingPolicy:
     """Shape policy for a generation.
 
     bucket: static caches are preallocated to a multiple of this many positions.
-    pad_prompt: left-pad prompts to a multiple of `bucket` (static shapes: one prefill graph per bucket).
-    fixed_draft_length: the draft always proposes exactly γ tokens and verification always sees γ + 1.
+    static_shapes: prompts are left-padded to a multiple of `bucket` (one prefill graph per bucket), the
+    batch is rounded up to a power of two, the draft always proposes exactly γ tokens and verification
+    always sees γ + 1.
     """
 
     bucket: int = 128
-    pad_prompt: bool = False
-    fixed_draft_length: bool = False
+    static_shapes: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,7 +108,7 @@ class Backend(ABC):
         """The shape policy; `static_shapes=True` asks for the fixed-shape policy the HPU uses."""
         bucket = self.options.bucket_size or 128
         if static_shapes:
-            return PaddingPolicy(bucket=bucket, pad_prompt=True, fixed_draft_length=True)
+            return PaddingPolicy(bucket=bucket, static_shapes=True)
         return PaddingPolicy(bucket=bucket)
 
     def step_boundary(self) -> None:

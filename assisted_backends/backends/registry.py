@@ -11,6 +11,7 @@ from functools import lru_cache
 from importlib.metadata import entry_points
 
 from assisted_backends.backends.base import Backend, BackendOptions
+from assisted_backends.options.errors import OptionError
 
 ENTRY_POINT_GROUP = "assisted_backends.backends"
 
@@ -22,7 +23,7 @@ _BUILTIN = {
 }
 
 
-class DeviceUnavailableError(RuntimeError):
+class DeviceUnavailableError(OptionError, RuntimeError):
     """The requested device exists as a backend but cannot run on this machine."""
 
 
@@ -64,10 +65,10 @@ def resolve_backend(device: str = "auto", options: BackendOptions | None = None)
         return max(usable, key=lambda backend: backend.priority)(options)
     if device not in registered:
         known = ", ".join(["auto", *sorted(registered)])
-        raise ValueError(f"device={device!r} is unknown; choose one of: {known}")
+        raise OptionError(f"{{name}} is unknown; choose one of: {known}", name=("device", device))
     backend = _single_usable(device, registered[device])
     if backend is None:
         raise DeviceUnavailableError(
-            f"device={device!r} is not available: {registered[device][0].unavailable_reason()}"
+            f"{{name}} is not available: {registered[device][0].unavailable_reason()}", name=("device", device)
         )
     return backend(options)

@@ -7,6 +7,42 @@ Nothing here imports torch: `--help` and every flag error answer before the heav
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from assisted_backends.options import ranges
+from assisted_backends.options.errors import NO_VALUE, OptionError, api_spelling
+
+# The flag of each `generate` option (errors name options; the CLI says them as the flags the user typed).
+FLAGS = {
+    "draft_precision": "--draft-precision",
+    "dtype": "--dtype",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "repetition_penalty": "--repetition-penalty",
+    "max_new_tokens": "--max-new-tokens",
+    "num_assistant_tokens": "--num-assistant-tokens",
+    "bucket_size": "--bucket-size",
+    "prompt_lookup_num_tokens": "--prompt-lookup",
+    "assistant_early_exit": "--assistant-early-exit",
+    "static_shapes": "--static-shapes",
+    "assistant_model": "--assistant-model",
+    "do_sample": "--do_sample",
+    "device": "--device",
+    "schedule": "--schedule",
+    "seed": "--seed",
+    "input_ids": "the prompt",
+    "streamer": "--stream",
+}
+
+
+def cli_spelling(option: str, value: Any = NO_VALUE) -> str:
+    """An option as the user typed it: `--dtype bf16`, `--max-new-tokens`; options with no flag as the API's."""
+    flag = FLAGS.get(option)
+    if flag is None:
+        return api_spelling(option, value)
+    return flag if value is NO_VALUE or value is True else f"{flag} {value}"
+
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 DRAFT_PRECISIONS = ("fp32", "bf16", "w8af32")
@@ -18,11 +54,17 @@ def _both(name: str) -> list[str]:
     return [f"--{dashed}"] if dashed == underscored else [f"--{dashed}", f"--{underscored}"]
 
 
-def _positive_int(text: str) -> int:
+def _integer(text: str) -> int:
+    """Text to int for a `generate` option; its range is `options.ranges`' rule, checked in `validate`."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    """Text to int >= 1, for the CLI's own counts (threads, batch size, prompt lengths, repeats)."""
+    value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
@@ -69,7 +111,7 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
     models.add_argument(
         *_both("prompt_lookup"),
         dest="prompt_lookup",
-        type=_positive_int,
+        type=_integer,
         default=None,
         metavar="N",
         help="draft N tokens by prompt lookup instead of a draft model",
@@ -77,7 +119,7 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
     models.add_argument(
         *_both("assistant_early_exit"),
         dest="assistant_early_exit",
-        type=_positive_int,
+        type=_integer,
         default=None,
         metavar="N",
         help="draft with the target's first N layers and its own head",
@@ -122,14 +164,14 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         action="store_true",
         help="bucketed prompt, static KV cache, fixed draft length (what HPU graphs need)",
     )
-    device.add_argument(*_both("bucket_size"), dest="bucket_size", type=_positive_int, default=None)
+    device.add_argument(*_both("bucket_size"), dest="bucket_size", type=_integer, default=None)
 
     decoding = parser.add_argument_group("decoding")
-    decoding.add_argument(*_both("max_new_tokens"), dest="max_new_tokens", type=_positive_int, default=128)
+    decoding.add_argument(*_both("max_new_tokens"), dest="max_new_tokens", type=_integer, default=128)
     decoding.add_argument(
         *_both("num_assistant_tokens"),
         dest="num_assistant_tokens",
-        type=_positive_int,
+        type=_integer,
         default=None,
         help="draft length γ (default 4)",
     )
@@ -212,18 +254,20 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
 
 
 def validate(args: argparse.Namespace) -> None:
-    """Reject flag combinations that cannot work, with the fix in the message."""
-    drafters = [
-        flag
-        for flag, value in (
-            ("--assistant-model", args.assistant_model),
-            ("--prompt-lookup", args.prompt_lookup),
-            ("--assistant-early-exit", args.assistant_early_exit),
-        )
-        if value is not None
-    ]
-    if len(drafters) > 1:
-        raise ValueError(f"choose one way of drafting: {' and '.join(drafters)} were both given")
+    """Reject flag combinations that cannot work, with the fix in the message. The rules `generate` has for
+    its options are `options.ranges`' (their errors name the option; the CLI says its flag)."""
+    for option in ("max_new_tokens", "num_assistant_tokens", "bucket_size"):
+        ranges.check_integer(option, getattr(args, option), minimum=1)
+    given = {
+        "assistant_model": args.assistant_model,
+        "prompt_lookup_num_tokens": args.prompt_lookup,
+        "assistant_early_exit": args.assistant_early_exit,
+        "num_assistant_tokens": args.num_assistant_tokens,
+    }
+    ranges.check_drafting(given)
+    ranges.check_shapes(None, args.static_shapes, args.schedule, args.bucket_size)
+    ranges.check_sampling(args.do_sample, args.temperature, args.top_k, args.top_p, args.repetition_penalty)
+    drafters = [FLAGS[name] for name in ranges.DRAFTING_OPTIONS if given[name] is not None]
     if args.no_assisted and drafters:
         raise ValueError(f"--no-assisted conflicts with {drafters[0]}; drop one of them")
     if args.no_assisted and args.compare:
@@ -240,8 +284,6 @@ def validate(args: argparse.Namespace) -> None:
         raise ValueError("--chat, --system and --stream belong to --task generate")
     if args.task == "generate" and (args.prompt_lengths or args.new_tokens or args.quick):
         raise ValueError("--prompt-lengths, --new-tokens and --quick belong to --task benchmark")
-    if args.temperature is not None and args.temperature <= 0:
-        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
     sampling_only = [
         flag
         for flag, value in (("--temperature", args.temperature), ("--top-k", args.top_k), ("--top-p", args.top_p))
@@ -249,9 +291,6 @@ def validate(args: argparse.Namespace) -> None:
     ]
     if sampling_only and not args.do_sample:
         raise ValueError(f"{', '.join(sampling_only)} only apply when sampling; add --do_sample")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.top_k is not None and args.top_k < 0:
-        raise ValueError(f"--top-k must be >= 0 (0 keeps every token), got {args.top_k}")
-    if args.repetition_penalty is not None and args.repetition_penalty <= 0:
-        raise ValueError(f"--repetition-penalty must be > 0 (1.0 = none), got {args.repetition_penalty}")
+
+
+__all__ = ["FLAGS", "OptionError", "build_parser", "cli_spelling", "validate"]

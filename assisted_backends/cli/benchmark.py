@@ -1,16 +1,15 @@
 """`--task benchmark`: the seed benchmarks' table, measured through one code path.
 
-Columns (defined in the README): Total Time = prefill + decode; Prefill Phase = the prompt's forward
-pass(es) and the first token; Time/Token = everything after the prefill (drafting included) divided
-by the tokens generated after the first; Tokens/Sec = new tokens / Total Time. With `--compare`
-plain and assisted runs alternate (A B, then B A) on every case; each pair gives one speedup, and the
-row shows their median with a distribution-free interval (`speedup_interval`). A case keeps adding
-pairs until that interval settles or `--time-limit` passes. EOS is ignored so every case generates
+Columns (defined in docs/cli.md, "The benchmark task"): Total Time = prefill + decode; Prefill Phase =
+the prompt's forward pass(es) and the first token; Time/Token = everything after the prefill (drafting
+included) divided by the tokens generated after the first; Tokens/Sec = new tokens / Total Time. With
+`--compare` plain and assisted runs alternate (A B, then B A) on every case; each pair gives one speedup,
+and the row shows their median with a distribution-free interval (`speedup_interval`). A case keeps
+adding pairs until that interval settles or `--time-limit` passes. EOS is ignored so every case generates
 exactly the tokens it names. With `--batch-size N` each case runs N different prompts of its length at
-once: New Tokens is per row, Tokens/Sec is the aggregate (all rows' tokens / Total Time), Row Latency
-the mean time until a row's last token; `--compare` then also times transformers' own batched
-`model.generate` (plain) in the same interleaved order.
-"""
+once: New Tokens is per row, Tokens/Sec is the aggregate (all rows' tokens / Total Time), Row Latency the
+mean time until a row's last token; `--compare` then also times transformers' own batched
+`model.generate` (plain) in the same interleaved order."""
 
 from __future__ import annotations
 

@@ -10,49 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from importlib.metadata import entry_points
 
-from assisted_backends.cli.args import build_parser, validate
+from assisted_backends.cli.args import build_parser, cli_spelling, validate
 from assisted_backends.cli.errors import CLIError
 from assisted_backends.cli.preflight import preflight
+from assisted_backends.loading.files import MissingGGUFError
+from assisted_backends.options.errors import OptionError
 
 BUILTIN_DEVICES = ("cpu", "cuda", "hpu")
 ENTRY_POINT_GROUP = "assisted_backends.backends"  # the registry's group, read here without importing backends
 INTERRUPTED = 130
-
-# API argument names as the CLI user typed them (errors raised by `generate` use the API's spelling).
-FLAG_SPELLING = {
-    "draft_precision": "--draft-precision",
-    "dtype": "--dtype",
-    "top_p": "--top-p",
-    "top_k": "--top-k",
-    "repetition_penalty": "--repetition-penalty",
-    "max_new_tokens": "--max-new-tokens",
-    "num_assistant_tokens": "--num-assistant-tokens",
-    "bucket_size": "--bucket-size",
-    "prompt_lookup_num_tokens": "--prompt-lookup",
-    "assistant_early_exit": "--assistant-early-exit",
-    "static_shapes": "--static-shapes",
-    "assistant_model": "--assistant-model",
-    "do_sample": "--do_sample",
-    "device": "--device",
-    "schedule": "--schedule",
-}
-_ONLY_WITH_VALUE = {"device", "schedule"}  # ordinary words too: rewritten only as `name=value`
-
-
-def flag_spelling(message: str) -> str:
-    """`dtype='bf16'` -> `--dtype bf16`, `top_p` -> `--top-p`: the flags the user typed, not the API's names;
-    install hints in the form that works from a checkout."""
-    # the package is not on PyPI: install extras from this checkout
-    message = re.sub(r"pip install assisted_backends\[(\w+)\]", r'pip install -e ".[\1]" (from this checkout)', message)
-    for name, flag in FLAG_SPELLING.items():
-        message = re.sub(rf"(?<![\w\-/.]){name}=(['\"]?)([^'\",;) ]*)\1", rf"{flag} \2", message)
-        if name not in _ONLY_WITH_VALUE:
-            message = re.sub(rf"(?<![\w\-/.]){name}\b(?!/|\.\w)", flag, message)
-    return message
 
 
 def device_names() -> list[str]:
@@ -215,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted (Ctrl-C)", file=sys.stderr)
         _shutdown(wait_for_peers=False)
         return INTERRUPTED
-    except (CLIError, ValueError, NotImplementedError, RuntimeError) as error:  # DeviceUnavailableError included
-        print(f"error: {flag_spelling(str(error))}", file=sys.stderr)
+    except (CLIError, ValueError, NotImplementedError, RuntimeError, MissingGGUFError) as error:
+        print(f"error: {error.render(cli_spelling) if isinstance(error, OptionError) else error}", file=sys.stderr)
         _shutdown(wait_for_peers=False)
         return 2
     _shutdown(wait_for_peers=True)

@@ -12,8 +12,9 @@ import os
 from pathlib import Path
 
 from assisted_backends.cli.errors import CLIError
+from assisted_backends.extras import install_hint
 
-INSTALL_PLOT = 'pip install -e ".[plot]"  (from this checkout)'
+INSTALL_PLOT = install_hint("plot")
 
 
 def check_output(path: str, flag: str) -> None:

@@ -12,11 +12,13 @@ import torch
 
 import assisted_backends
 from assisted_backends.backends import Backend, BackendOptions, resolve_backend
+from assisted_backends.backends.base import DTYPES
 from assisted_backends.backends.cpu import affinity
 from assisted_backends.cli.errors import CLIError
-from assisted_backends.cli.loading import TORCH_DTYPES, default_assistant, load_model, load_tokenizer
+from assisted_backends.cli.loading import default_assistant
 from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
 from assisted_backends.distributed import launch as distributed
+from assisted_backends.loading.models import load_model, load_tokenizer
 
 SMOKE_NOTICE = (
     "note: using a SMOKE demo pair ({target} target, {draft} draft, a few training steps on a small text sample): "
@@ -91,12 +93,19 @@ class Session:
             seed=args.seed,
             static_shapes=args.static_shapes,
             eos_token_id=[] if ignore_eos else None,
+            pad_token_id=self._pad_id() if (ignore_eos or attention_mask is not None) else None,
             streamer=streamer,
             backend=self.backend,
             attention_mask=attention_mask,
-            pad_token_id=self.tokenizer.pad_token_id if attention_mask is not None else None,
             **drafting,
         )
+
+    def _pad_id(self) -> int:
+        """What finished rows are padded with: the tokenizer's pad token, else its EOS, else 0."""
+        for token in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id):
+            if token is not None:
+                return int(token)
+        return 0
 
     def transformers_generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int):
         """transformers' own `model.generate` (plain decoding) with the session's sampling flags, exactly
@@ -186,7 +195,7 @@ def open_session(args: argparse.Namespace) -> Session:
     target_name, draft_name, held_out = _pick_models(args, notices)
     options = BackendOptions(dtype=args.dtype, draft_precision=args.draft_precision, bucket_size=args.bucket_size)
     backend = resolve_backend(args.device, options)
-    load_dtype = TORCH_DTYPES.get(args.dtype)
+    load_dtype = DTYPES.get(args.dtype)
     target = load_model(target_name, "-m/--model", load_dtype)
     launch = distributed.launch_context()
     if launch is not None:  # deepspeed / torchrun: shard the target (AutoTP); every rank keeps a full draft

@@ -29,9 +29,10 @@ from datetime import timedelta
 import torch
 
 from assisted_backends.distributed.agreement import collective_timeout_s
+from assisted_backends.extras import install_hint
 
 DIST_BACKENDS = {"hpu": "hccl", "cpu": "gloo", "cuda": "nccl"}
-_INSTALL_HINT = "pip install assisted_backends[deepspeed]"
+_INSTALL_HINT = install_hint("deepspeed")
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,7 @@ def init_distributed(context: LaunchContext, device: str) -> None:
         try:
             import habana_frameworks.torch.distributed.hccl  # noqa: F401  (registers the hccl backend)
         except ImportError as error:
-            raise ImportError(
-                f"device='hpu' needs habana_frameworks: pip install assisted_backends[gaudi] ({error})"
-            ) from error
+            raise ImportError(f"device='hpu' needs habana_frameworks: {install_hint('gaudi')} ({error})") from error
     deepspeed = _import_deepspeed(device)
     _skip_shared_memory_all_reduce(deepspeed)
     deepspeed.init_distributed(
@@ -204,23 +203,6 @@ class _ModelParallelUnit:
 
     def get_data_parallel_world_size(self) -> int:
         return 1
-
-
-def common_seed(seed: int | None) -> int | None:
-    """The same seed on every rank: rank 0's choice is broadcast when none was given.
-
-    Sampling ranks that draw different numbers would feed different tokens into one collective
-    forward; a shared seed keeps them in lockstep. Outside a process group `seed` is returned as is.
-    `generate` already does this itself (`distributed.agreement`); this is for code that samples outside it.
-    """
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return seed
-    if seed is not None:
-        return seed
-    device = "hpu" if torch.distributed.get_backend() == "hccl" else "cpu"  # hccl moves device tensors only
-    chosen = torch.randint(0, 2**31 - 1, (1,), device=device)
-    torch.distributed.broadcast(chosen, src=0)
-    return int(chosen)
 
 
 def per_rank_path(path: str | None) -> str | None:

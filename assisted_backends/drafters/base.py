@@ -3,7 +3,8 @@
 A drafter writes its proposal into the token buffer's scratch space (positions
 [length, length + γ)) and, when sampling, returns q [B, γ, V]: the exact distributions it drew
 from. After verification the loop calls `rollback` so the drafter's state matches the committed
-tokens again.
+tokens again. A drafter that can draft no further (its positions end) sets `stopped` and proposes
+nothing from then on: the draft only ever changes speed, never whether a call runs.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from assisted_backends.engine.realign import RowMove
-from assisted_backends.engine.runner import ModelRunner
-from assisted_backends.engine.sampling import TokenSelector, sample
+from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.tokens import TokenBuffer
 
 
@@ -34,6 +34,7 @@ class Proposal:
 
 class Drafter(ABC):
     name: str
+    stopped: str | None = None  # why drafting stopped for the rest of the call (None: it did not)
 
     @property
     @abstractmethod
@@ -58,50 +59,27 @@ class Drafter(ABC):
         return None
 
 
-class ModelDrafter(Drafter):
-    """A small causal LM with its own KV cache.
-
-    The cache holds a prefix of the committed tokens; the rest ("pending": one token, two when all
-    γ were accepted, more after rounds without speculation) is fed at the start of the next proposal.
-    """
-
-    name = "draft_model"
-
-    def __init__(self, runner: ModelRunner, name: str = "draft_model") -> None:
-        self.runner = runner
-        self.name = name
-
-    @property
-    def forward_count(self) -> int:
-        return self.runner.forward_count
-
-    def prefill(self, buffer: TokenBuffer) -> None:
-        self.runner.forward(buffer.ids[:, : buffer.length - 1], last_only=True)  # the newest stays pending
-
-    def propose(
-        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> Proposal:
-        start = buffer.length
-        feed = buffer.ids[:, self.runner.length : start]  # pending committed tokens [B, >=1]
-        distributions = []
-        rows = buffer.row_prefixes()
-        for i in range(gamma):
-            logits = self.runner.forward(feed, last_only=True)  # [B, 1, V]
-            context = buffer.through(start + i)
-            if selector.do_sample:
-                q_i = selector.probabilities(logits, context, rows)  # [B, 1, V]
-                token = sample(q_i, generator)  # [B, 1]
-                distributions.append(q_i)
-            else:
-                token = selector.greedy(logits, context, rows)  # [B, 1]
-            buffer.ids[:, start + i] = token[:, 0]
-            feed = buffer.ids[:, start + i : start + i + 1]
-        return Proposal(gamma, torch.cat(distributions, dim=1) if distributions else None)
-
-    def rollback(self, buffer: TokenBuffer) -> None:
-        # Keep only committed tokens; the last committed one stays pending so that every proposal
-        # starts by feeding at least one token.
-        self.runner.rollback(min(self.runner.length, buffer.length - 1))
-
-    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
-        self.runner.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
+def fill_proposal(
+    buffer: TokenBuffer,
+    written: list[int],
+    count: int,
+    vocab_size: int,
+    do_sample: bool,
+    row_q: list[torch.Tensor | None] | None = None,
+) -> Proposal:
+    """A proposal of `count` tokens at buffer.ids[:, length : length + count] where row b wrote its first
+    written[b]: the rest of each row repeats the token before them. When sampling, q is row b's own
+    distributions (`row_q[b]` [1, written[b], V]) for what it wrote and a point mass on every filler token.
+    What drafters propose where they have nothing (static shapes need exactly γ, a batch one γ for all
+    rows); correctness never depends on it."""
+    at = buffer.length
+    for b, done in enumerate(written):
+        for i in range(done, count):
+            buffer.ids[b, at + i] = buffer.ids[b, at + i - 1]
+    if not do_sample or count == 0:
+        return Proposal(count, None)
+    q = torch.nn.functional.one_hot(buffer.ids[:, at : at + count], vocab_size).float()  # [B, count, V]
+    for b, own in enumerate(row_q or []):
+        if own is not None and written[b]:
+            q[b, : written[b]] = own[0, : written[b]].to(q.dtype)
+    return Proposal(count, q)

@@ -22,19 +22,17 @@ import copy
 import torch
 from transformers import PreTrainedModel
 
-from assisted_backends.drafters.base import ModelDrafter, Proposal
+from assisted_backends import hf_compat
+from assisted_backends.drafters.base import Proposal
+from assisted_backends.drafters.draft_model import ModelDrafter
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.tokens import TokenBuffer
 
 
-def _text_config(config):
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
 def decoder_layers_path(model: torch.nn.Module) -> str:
     """Dotted path of the `nn.ModuleList` holding the decoder layers, e.g. 'model.layers' or 'transformer.h'."""
-    depth = _text_config(model.config).num_hidden_layers
+    depth = hf_compat.text_config(model).num_hidden_layers
     candidates = [
         name
         for name, module in model.named_modules()
@@ -57,14 +55,9 @@ def _detached_copy(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def early_exit_view(model: PreTrainedModel, layers: int) -> PreTrainedModel:
-    """`model` truncated to its first `layers` decoder layers, sharing all weights with it."""
-    depth = _text_config(model.config).num_hidden_layers
-    if not 1 <= layers < depth:
-        raise ValueError(
-            f"assistant_early_exit must be between 1 and {depth - 1} (the target has {depth} layers), got {layers}"
-        )
+    """`model` truncated to its first `layers` decoder layers (1 <= layers < depth), sharing all weights with it."""
     config = copy.deepcopy(model.config)
-    text_config = _text_config(config)
+    text_config = hf_compat.text_config_of(config)
     text_config.num_hidden_layers = layers
     if isinstance(getattr(text_config, "layer_types", None), list):
         text_config.layer_types = text_config.layer_types[:layers]
@@ -85,7 +78,7 @@ def early_exit_view(model: PreTrainedModel, layers: int) -> PreTrainedModel:
 
 def _config_for(module: torch.nn.Module, config):
     """Sub-models (e.g. LlamaModel inside LlamaForCausalLM) hold the text config."""
-    return _text_config(config) if getattr(module, "config", None) is not None else config
+    return hf_compat.text_config_of(config) if getattr(module, "config", None) is not None else config
 
 
 class EarlyExitDrafter(ModelDrafter):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from assisted_backends.drafters.base import Drafter, Proposal
+from assisted_backends.drafters.base import Drafter, Proposal, fill_proposal
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.tokens import TokenBuffer
 
@@ -76,18 +76,13 @@ class PromptLookupDrafter(Drafter):
         self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
     ) -> Proposal:
         start = buffer.length
-        prefixes = buffer.row_prefixes()
+        prefixes = buffer.row_starts()
         starts = prefixes.starts if prefixes is not None else [0]
         found = [
             lookup(buffer.ids[b, first:start], self.max_ngram, gamma, self.min_ngram) for b, first in enumerate(starts)
         ]
         count = gamma if self.fixed_length else max(match.shape[0] for match in found)
-        for b, match in enumerate(found):  # a row with a shorter match repeats its last token (a point mass too)
+        for b, match in enumerate(found):
             buffer.ids[b, start : start + match.shape[0]] = match
-            if count > match.shape[0]:
-                buffer.ids[b, start + match.shape[0] : start + count] = buffer.ids[b, start + match.shape[0] - 1]
-        if not selector.do_sample or count == 0:
-            return Proposal(count, None)
-        draft = buffer.ids[:, start : start + count]  # [B, count]
-        q = torch.nn.functional.one_hot(draft, self.vocab_size).float()  # [B, count, V]
-        return Proposal(count, q)
+        written = [match.shape[0] for match in found]  # a row with a shorter match repeats its last token
+        return fill_proposal(buffer, written, count, self.vocab_size, selector.do_sample)

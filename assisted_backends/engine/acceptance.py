@@ -36,7 +36,7 @@ def acceptance_probability(p_draft: torch.Tensor, q_draft: torch.Tensor) -> torc
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """norm(max(0, p − q)) over the last dimension.
 
-    Guard (DESIGN.md rule 3): where p ≈ q the residual sums to zero; rejection then has probability
+    Guard (docs/design.md rule 3): where p ≈ q the residual sums to zero; rejection then has probability
     zero in exact arithmetic and only rounding reaches it, so p itself is returned there.
     """
     residual = torch.clamp(p - q, min=0.0)

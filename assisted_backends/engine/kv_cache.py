@@ -1,6 +1,6 @@
 """KV-cache layouts: where one model's keys and values live and how a rejected tail is undone.
 
-Both layouts keep the invariant of DESIGN.md rule 5: after every round the cache holds exactly the
+Both layouts keep the invariant of docs/design.md rule 5: after every round the cache holds exactly the
 committed tokens that the model has been fed (`length` positions, left padding included).
 
 - `DynamicLayout`: the cache grows by concatenation; rollback crops it.
@@ -18,8 +18,6 @@ from transformers import PreTrainedModel
 
 from assisted_backends import hf_compat
 from assisted_backends.engine.realign import RowMove
-
-LAYOUT_NAMES = ("dynamic", "static")
 
 
 class CacheLayout(ABC):
@@ -131,9 +129,7 @@ def bucketed(length: int, bucket: int) -> int:
 
 
 def make_layout(name: str, model: PreTrainedModel, pad: torch.Tensor, capacity: int, bucket: int) -> CacheLayout:
-    """Build layout `name`; a static layout is preallocated to `capacity` rounded up to `bucket`."""
-    if name == "dynamic":
-        return DynamicLayout(model, pad)
+    """Layout `name` ("dynamic" or "static"); a static one is preallocated to `capacity` rounded up to `bucket`."""
     if name == "static":
         return StaticLayout(model, pad, bucketed(capacity, bucket))
-    raise ValueError(f"cache_layout={name!r} is not one of {LAYOUT_NAMES}")
+    return DynamicLayout(model, pad)

@@ -12,6 +12,7 @@ its own n_b and stops at its own EOS or token limit, and the rows are realigned 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,31 +21,39 @@ import torch
 from assisted_backends.drafters.base import Drafter, Proposal
 from assisted_backends.engine.acceptance import greedy_accept, speculative_accept
 from assisted_backends.engine.head_on_demand import HeadSplit, greedy_accept_on_demand
+from assisted_backends.engine.outputs import CommittedScores
 from assisted_backends.engine.realign import plan_move
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector, sample
 from assisted_backends.engine.schedule import DraftSchedule, RoundObservation
 from assisted_backends.engine.stats import GenerationStats, RowStats
 from assisted_backends.engine.stopping import StopCheck
-from assisted_backends.engine.tokens import RowPrefixes, TokenBuffer
+from assisted_backends.engine.tokens import RowStarts, TokenBuffer
+
+
+class DraftFailedWarning(RuntimeWarning):
+    """The draft raised: the call goes on with plain decoding (the tokens are the target's either way)."""
 
 
 @dataclass
 class LoopSettings:
     max_new_tokens: int
     eos_token_ids: torch.Tensor | None  # [E] or None
-    fixed_draft_length: bool  # static shapes: always draft γ, always verify γ + 1
+    static_shapes: bool  # always draft γ, always verify γ + 1
     synchronize: Callable[[], None]
     stop: StopCheck | None = None  # stop strings / custom criteria, checked on every candidate prefix
     on_commit: Callable[[list[int]], None] | None = None  # receives the committed tokens of each round
+    record: CommittedScores | None = None  # keeps the logits behind each committed token
 
 
 def _choose_first(
-    logits: torch.Tensor, context: torch.Tensor, selector: TokenSelector, generator, rows: RowPrefixes | None
-) -> torch.Tensor:
+    logits: torch.Tensor, context: torch.Tensor, selector: TokenSelector, generator, rows: RowStarts | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the first new token [B], its processed scores [B, 1, V])."""
+    scores = selector.scores(logits, context, rows)
     if selector.do_sample:
-        return sample(selector.probabilities(logits, context, rows), generator)[:, -1]
-    return selector.greedy(logits, context, rows)[:, -1]
+        return sample(torch.softmax(scores, dim=-1), generator)[:, -1], scores
+    return scores.argmax(dim=-1)[:, -1], scores
 
 
 def _verify(
@@ -56,34 +65,36 @@ def _verify(
     selector: TokenSelector,
     generator: torch.Generator | None,
     split: HeadSplit | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One target pass over the pending token and the γ draft tokens: (n [B], next token [B], logits [B, m, V]).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One target pass over the pending token and the γ draft tokens: (n [B], next token [B], logits [B, m, V],
+    processed scores [B, m, V] or None).
 
     m = γ + 1, except when the head runs on demand (greedy, `split` given and wanting it): then the
-    logits of position 1 come first and the rest only if some row accepted x_1 (`engine.head_on_demand`).
+    logits of position 1 come first and the rest only if some row accepted x_1 (`engine.head_on_demand`),
+    and no scores are returned.
     """
     gamma = draft.shape[1]
     tokens = buffer.ids[:, target.length : start + gamma]  # [B, γ+1]
-    prefixes = buffer.row_prefixes()
+    rows = buffer.row_starts()
     if split is not None and gamma > 0 and split.wanted():
         hidden = target.forward(tokens, hidden_only=True)  # [B, γ+1, D]
 
         def choose(logits: torch.Tensor, end: int) -> torch.Tensor:
-            return selector.greedy(logits, buffer.through(start + end - 1), prefixes)
+            return selector.greedy(logits, buffer.through(start + end - 1), rows)
 
-        return greedy_accept_on_demand(draft, hidden, target.head, choose, split)
+        return *greedy_accept_on_demand(draft, hidden, target.head, choose, split), None
     logits = target.forward(tokens)  # [B, γ+1, V]
-    context = buffer.through(start + gamma)
+    scores = selector.scores(logits, buffer.through(start + gamma), rows)  # [B, γ+1, V]
     if not selector.do_sample:
-        accepted, next_token = greedy_accept(draft, selector.greedy(logits, context, prefixes))
+        accepted, next_token = greedy_accept(draft, scores.argmax(dim=-1))
         if split is not None and gamma > 0:
             split.record_outcome(bool((accepted > 0).any()))
-        return accepted, next_token, logits
-    p = selector.probabilities(logits, context, prefixes)  # [B, γ+1, V]
+        return accepted, next_token, logits, scores
+    p = torch.softmax(scores, dim=-1)  # [B, γ+1, V]
     if gamma > 0:
         accepted, next_token = speculative_accept(draft, proposal.q, p, generator)
-        return accepted, next_token, logits
-    return torch.zeros(p.shape[0], dtype=torch.long, device=p.device), sample(p[:, -1], generator), logits
+        return accepted, next_token, logits, scores
+    return torch.zeros(p.shape[0], dtype=torch.long, device=p.device), sample(p[:, -1], generator), logits, scores
 
 
 def _round_outcome(
@@ -112,20 +123,20 @@ def _round_outcome(
     return values[:batch], values[batch : 2 * batch], values[2 * batch :]
 
 
-class _Rows:
-    """The host side of a batch: which batch positions still generate, and each row's stats."""
+class LiveRows:
+    """The host side of a batch: which batch positions still generate, and each caller row's stats."""
 
-    def __init__(self, batch: int, riders: int, stats: GenerationStats) -> None:
-        self.live = [True] * (batch - riders) + [False] * riders  # False: finished or filler, riding along
-        self.stats = [RowStats() for _ in range(batch - riders)]  # by the caller's row index
+    def __init__(self, batch: int, filler_rows: int, stats: GenerationStats) -> None:
+        self.live = [True] * (batch - filler_rows) + [False] * filler_rows  # False: finished or filler, riding along
+        self.stats = [RowStats() for _ in range(batch - filler_rows)]  # by the caller's row index
         self.total = stats
-        stats.batch_size, stats.rows = batch - riders, self.stats
+        stats.batch_size, stats.rows = batch - filler_rows, self.stats
 
     def commit(self, buffer: TokenBuffer, counts: dict[int, int], done: dict[int, bool], end: int, at: float) -> None:
         """Row b (batch position) committed counts[b] tokens ending before column end + counts[b]."""
         for b, count in counts.items():
             buffer.new_tokens[b] += count
-            row = self.stats[buffer.rows[b]]
+            row = self.stats[buffer.caller_rows[b]]
             row.new_tokens = buffer.new_tokens[b]
             if done[b]:
                 self.live[b] = False
@@ -133,31 +144,56 @@ class _Rows:
                 buffer.finish_row(b, end + count)
 
 
+def _record(settings: LoopSettings, buffer: TokenBuffer, counts: dict[int, int], logits, scores) -> None:
+    """Keep the logits behind the tokens each row just committed (when the caller asked for them)."""
+    if settings.record is not None:
+        for b, count in counts.items():
+            settings.record.add(buffer.caller_rows[b], logits[b], scores[b], count)
+
+
+def _guarded(drafter: Drafter, method: str, *args) -> tuple[bool, object]:
+    """`drafter.method(*args)` as (True, its result); if the draft raises, one warning and (False, None): the
+    loop goes on without it."""
+    try:
+        return True, getattr(drafter, method)(*args)
+    except Exception as error:  # noqa: BLE001 - any failure of the draft: the target alone still serves the call
+        drafter.stopped = f"the draft raised {type(error).__name__}: {error}"
+        warnings.warn(f"{drafter.name}: {drafter.stopped}; plain decoding from here on", DraftFailedWarning, 3)
+        return False, None
+
+
+def _note_stop(drafter: Drafter | None, buffer: TokenBuffer, stats: GenerationStats) -> None:
+    """Record when and why drafting stopped for the rest of the call (once)."""
+    if drafter is not None and drafter.stopped is not None and stats.drafting_stopped is None:
+        stats.drafting_stopped = drafter.stopped
+        stats.drafting_stopped_at = sum(buffer.new_tokens)
+
+
 def _move_rows(
     buffer: TokenBuffer,
-    rows: _Rows,
+    rows: LiveRows,
     accepted: list[int],
     length: int,
     drop_finished: bool,
     target: ModelRunner,
     drafter: Drafter | None,
-) -> int:
-    """Batches: realign the rows after a round (`engine.realign`); return the shared length afterwards.
+) -> tuple[int, bool]:
+    """Batches: realign the rows after a round (`engine.realign`); return the shared length afterwards and
+    whether the drafter followed (False: it raised, the call goes on without it).
 
     `length`: the shared length if no row moved (the round's start + max accepted + 1)."""
     began = time.perf_counter()
     move, pad, cut = plan_move(buffer.pad, accepted, rows.live, drop_finished, buffer.ids.device)
     if move is None:
-        return length
+        return length, True
     buffer.move_rows(move, pad, move.kept)
     rows.live = [rows.live[b] for b in move.kept]
     buffer.length = length - cut
     target.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
-    if drafter is not None:
-        drafter.move_rows(move, buffer)
+    followed = drafter is None or _guarded(drafter, "move_rows", move, buffer)[0]
     rows.total.row_moves += 1
     rows.total.move_s += time.perf_counter() - began
-    return buffer.length
+    return buffer.length, followed
 
 
 def decode(
@@ -174,22 +210,24 @@ def decode(
 
     One row: the committed tokens stay in place. Several rows (`engine.realign`): after each round the rows
     move so that all end at one column again; finished rows leave the batch under the dynamic layout
-    and ride along (unread) under static shapes, where the batch size must not change.
+    and ride along (unread) under static shapes, where the batch size must not change. A draft that raises
+    is dropped with one warning (`DraftFailedWarning`) and the call goes on with plain rounds.
     """
     started = time.perf_counter()
-    rows = _Rows(buffer.ids.shape[0], buffer.riders, stats)
-    drop_finished = not settings.fixed_draft_length and target.layout.name == "dynamic"
+    rows = LiveRows(buffer.ids.shape[0], buffer.filler_rows, stats)
+    drop_finished = not settings.static_shapes and target.layout.name == "dynamic"
     split = None  # greedy with the head on demand (`engine.head_on_demand`): decided after the prefill checked it
+    full = drafter  # kept for the statistics when a failing draft is dropped
 
     # Prefill: the target sees the prompt and picks the first token. The drafter sees the committed
     # tokens only when it is first asked to draft, so a schedule that never speculates never pays for it.
     logits = target.forward(buffer.committed(), last_only=True)
-    first = _choose_first(logits, buffer.committed(), selector, generator, buffer.row_prefixes())
+    first, scores = _choose_first(logits, buffer.committed(), selector, generator, buffer.row_starts())
     draft_ready = False
     buffer.ids[:, buffer.length] = first
     stops = None
     if settings.stop is not None:
-        stops = settings.stop.hits(buffer.ids, buffer.length, 1, logits[:, -1:], buffer.row_prefixes())
+        stops = settings.stop.hits(buffer.ids, buffer.length, 1, logits[:, -1:], buffer.row_starts())
     _, ends, tokens = _round_outcome(
         torch.zeros_like(first), buffer.ids[:, buffer.length : buffer.length + 1], settings.eos_token_ids, stops,
         settings.on_commit is not None,
@@ -197,13 +235,15 @@ def decode(
     batch = len(ends)
     live = [b for b, alive in enumerate(rows.live) if alive]
     done = {b: ends[b] == 0 or settings.max_new_tokens == 1 for b in live}
+    _record(settings, buffer, dict.fromkeys(live, 1), logits[:, -1:], scores)
     rows.commit(buffer, dict.fromkeys(live, 1), done, buffer.length, time.perf_counter() - started)
     buffer.length += 1
     if settings.on_commit is not None:
         settings.on_commit(tokens)
     if drop_finished and any(rows.live) and not all(rows.live):  # rows done at once leave (static: they ride)
-        _move_rows(buffer, rows, [0] * batch, buffer.length, drop_finished, target, drafter)
-    if target.head_ready and not selector.do_sample:
+        _, followed = _move_rows(buffer, rows, [0] * batch, buffer.length, drop_finished, target, drafter)
+        drafter = drafter if followed else None
+    if target.head_ready and not selector.do_sample and settings.record is None:
         split = HeadSplit()
     settings.synchronize()
     prefill_done = time.perf_counter()
@@ -214,49 +254,60 @@ def decode(
         live = [b for b, alive in enumerate(rows.live) if alive]
         remaining = {b: settings.max_new_tokens - buffer.new_tokens[b] for b in live}
         gamma = schedule.draft_length() if (drafter is not None and schedule is not None) else 0
-        if not settings.fixed_draft_length:
+        if not settings.static_shapes:
             gamma = min(gamma, max(remaining.values()) - 1)  # never draft what cannot be committed
         start = buffer.length
 
         if gamma > 0 and not draft_ready:
-            drafter.prefill(buffer)
             draft_ready = True
+            if not _guarded(drafter, "prefill", buffer)[0]:
+                drafter, gamma = None, 0
         round_started = time.perf_counter()
-        proposal = drafter.propose(buffer, gamma, selector, generator) if gamma > 0 else Proposal(0)
-        if settings.fixed_draft_length and proposal.count != gamma:
+        proposal = Proposal(0)
+        if gamma > 0:
+            proposed, outcome = _guarded(drafter, "propose", buffer, gamma, selector, generator)
+            proposal, drafter = (outcome, drafter) if proposed else (Proposal(0), None)
+        _note_stop(full, buffer, stats)
+        if settings.static_shapes and drafter is not None and proposal.count != gamma:
             raise RuntimeError(f"{drafter.name} proposed {proposal.count} tokens; static shapes need exactly {gamma}")
         asked, gamma = gamma, proposal.count
         draft = buffer.ids[:, start : start + gamma]  # [B, γ]
         drafted_at = time.perf_counter()
-        accepted, next_token, logits = _verify(target, buffer, start, draft, proposal, selector, generator, split)
+        accepted, next_token, logits, scores = _verify(
+            target, buffer, start, draft, proposal, selector, generator, split
+        )
         stats.head_positions_skipped += gamma + 1 - logits.shape[1]
 
         span = buffer.ids[:, start : start + gamma + 1]  # [B, γ+1]: the draft, then scratch
         span.scatter_(1, accepted[:, None], next_token[:, None])  # the target's token after the n accepted
         stops = None
         if settings.stop is not None:  # positions past the computed logits lie past n: never committed
-            stops = settings.stop.hits(buffer.ids, start, logits.shape[1], logits, buffer.row_prefixes())
+            stops = settings.stop.hits(buffer.ids, start, logits.shape[1], logits, buffer.row_starts())
             stops = torch.nn.functional.pad(stops, (0, gamma + 1 - logits.shape[1]), value=False)
         n, ends, tokens = _round_outcome(accepted, span, settings.eos_token_ids, stops, settings.on_commit is not None)
         verified_at = time.perf_counter()
         keep = {b: min(n[b] + 1, remaining[b], ends[b] + 1) for b in live}  # to the limit and the first EOS/stop
         done = {b: ends[b] < keep[b] or keep[b] == remaining[b] for b in live}
+        _record(settings, buffer, keep, logits, scores)
         rows.commit(buffer, keep, done, start, verified_at - started)
         if settings.on_commit is not None:
             settings.on_commit(tokens[: keep[0]])  # committed tokens only: never a rejected draft token
         for b in live:
             stats.record_round(gamma, n[b])
-            rows.stats[buffer.rows[b]].record_round(gamma, n[b])
+            rows.stats[buffer.caller_rows[b]].record_round(gamma, n[b])
 
         if not buffer.batched:
             buffer.length = start + keep[0]
         elif any(rows.live):
             most = max(n[b] for b in live if rows.live[b])
             n_live = [n[b] if rows.live[b] else 0 for b in range(len(rows.live))]
-            buffer.length = _move_rows(buffer, rows, n_live, start + most + 1, drop_finished, target, drafter)
+            length = start + most + 1
+            buffer.length, followed = _move_rows(buffer, rows, n_live, length, drop_finished, target, drafter)
+            drafter = drafter if followed else None
         target.rollback(buffer.length - 1)  # the newest committed token stays pending
-        if drafter is not None and asked > 0:
-            drafter.rollback(buffer)
+        if drafter is not None and asked > 0 and not _guarded(drafter, "rollback", buffer)[0]:
+            drafter = None
+        _note_stop(full, buffer, stats)
         if schedule is not None:  # batches: the verify cost includes realigning the rows (it grows with γ too)
             row_accepted = tuple(n[b] for b in live) if buffer.batched else ()
             verify_s = (time.perf_counter() if buffer.batched else verified_at) - drafted_at
@@ -270,5 +321,5 @@ def decode(
     stats.prefill_s = prefill_done - started
     stats.decode_s = finished_at - prefill_done
     stats.target_forwards = target.forward_count
-    stats.draft_forwards = drafter.forward_count if drafter is not None else 0
+    stats.draft_forwards = full.forward_count if full is not None else 0
     return stats

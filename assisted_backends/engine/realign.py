@@ -1,15 +1,15 @@
 """Batches: B rows that accept different numbers of draft tokens share one write position.
 
-Design (issue #14): every row of the batch keeps the layout `model.generate` uses for a batch, left
-padding then the row's tokens without holes, all rows ending at one shared column. After a round in
-which row b accepted n_b of γ draft tokens, the rows are moved so that this holds again: with
-N = max_b n_b over the rows still generating, row b moves right by s_b = N − n_b (its rejected tail
+Design (docs/design.md rule 7, "Batches"): every row of the batch keeps the layout `model.generate` uses
+for a batch, left padding then the row's tokens without holes, all rows ending at one shared column.
+After a round in which row b accepted n_b of γ draft tokens, the rows are moved so that this holds again:
+with N = max_b n_b over the rows still generating, row b moves right by s_b = N − n_b (its rejected tail
 becomes left padding), then every row moves left by c = min_b (pad_b + s_b), which drops the padding all
-rows share. So the shared length after the round is that of the longest row, never more than
-prompt + max_new_tokens, and the tokens, the target's KV cache and the draft's KV cache move by the
-same per-row shift (`RowMove`: one row selection per tensor), skipped when no row moves.
+rows share. So the shared length after the round is that of the longest row, never more than prompt +
+max_new_tokens, and the tokens, the target's KV cache and the draft's KV cache move by the same per-row
+shift (`RowMove`: one row selection per tensor), skipped when no row moves.
 
-Why this and not the alternatives (DESIGN.md "Batches"):
+Why this and not the alternatives (docs/design.md "Batches"):
 - ragged per-row write positions need a cache that writes each row at its own index; transformers'
   caches write every row at one `cache_position`, and HPU / CUDA graphs need one shape anyway;
 - holes (rejected slots masked out, rows keeping them) leave the tokens as they are but break every

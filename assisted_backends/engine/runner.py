@@ -12,6 +12,7 @@ from assisted_backends import hf_compat
 from assisted_backends.engine.head_on_demand import OnDemandHead
 from assisted_backends.engine.kv_cache import CacheLayout
 from assisted_backends.engine.realign import RowMove
+from assisted_backends.engine.tokens import TokenBuffer
 
 
 class ModelRunner:
@@ -24,6 +25,9 @@ class ModelRunner:
 
     `head_on_demand`: the loop may ask for the head's inputs instead of logits (`engine.head_on_demand`),
     once the first prefill showed that applying the head itself reproduces the model's logits.
+    `position_limit`: the positions the model can encode (None: no clamping);
+    `inputs_from`: a token buffer whose per-column forward inputs (`token_type_ids`, caller-given
+    `position_ids`) go with the fed columns.
     """
 
     def __init__(
@@ -32,13 +36,16 @@ class ModelRunner:
         layout: CacheLayout,
         step_boundary: Callable[[], None] = lambda: None,
         head_on_demand: bool = False,
+        position_limit: int | None = None,
+        inputs_from: TokenBuffer | None = None,
     ) -> None:
         self.model = model
         self.layout = layout
         self.step_boundary = step_boundary
         self.forward_count = 0
-        limit = hf_compat.max_positions(model)
-        self._max_position = (limit - 1) if limit else None
+        self.position_limit = position_limit
+        self._max_position = position_limit - 1 if position_limit else None
+        self.inputs_from = inputs_from
         self._pass_cache_position = hf_compat.forward_accepts(model, "cache_position")
         self._keep_last = hf_compat.logits_to_keep_kwargs(model, 1)
         self.head = OnDemandHead.of(model) if head_on_demand else None
@@ -61,6 +68,10 @@ class ModelRunner:
         position_ids = cache_position[None, :] - self.layout.pad[:, None]  # [B, q]
         position_ids = position_ids.clamp(min=0, max=self._max_position)
         kwargs = dict(self._keep_last) if last_only else {}
+        if self.inputs_from is not None:
+            given = self.inputs_from.column_inputs(start, start + query_length)
+            position_ids = given.pop("position_ids", position_ids)
+            kwargs.update(given)
         if self._pass_cache_position:
             kwargs["cache_position"] = cache_position
         cache, mask = hf_compat.model_inputs(self.layout.cache, self.layout.attention_mask(query_length), query_length)

@@ -3,7 +3,7 @@
 `TokenSelector` applies transformers' own logits processors: the list `model.generate` builds for
 the same call (`options.resolve`), or, from a bare `SamplingConfig`, repetition penalty then
 temperature, top-k, top-p. So the target's p and the draft's q are exactly the distributions plain
-sampling would draw from (DESIGN.md rule 2). Prefix-dependent processors see, at verify position j,
+sampling would draw from (docs/design.md rule 2). Prefix-dependent processors see, at verify position j,
 the prefix extended by the earlier draft tokens of the same round, without the bucket padding
 static shapes insert (`offset`), so the ids and lengths they see are those `model.generate` sees.
 Processors that act on each row alone run once on all positions together.
@@ -23,7 +23,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from assisted_backends.engine.tokens import RowPrefixes
+from assisted_backends.engine.tokens import RowStarts
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class TokenSelector:
     `processors`: transformers' processors in `model.generate`'s order (default: built from
     `config`); `offset`: leading positions of every context that `model.generate` would not see
     (static-shape bucket padding). Batches: `row_processors[r]` are those built for row r's prompt
-    alone; the prefix-dependent ones run on each row's own prefix (`RowPrefixes`).
+    alone; the prefix-dependent ones run on each row's own prefix (`RowStarts`).
     """
 
     def __init__(
@@ -97,7 +97,7 @@ class TokenSelector:
     def do_sample(self) -> bool:
         return self.config.do_sample
 
-    def scores(self, logits: torch.Tensor, context: torch.Tensor, rows: RowPrefixes | None = None) -> torch.Tensor:
+    def scores(self, logits: torch.Tensor, context: torch.Tensor, rows: RowStarts | None = None) -> torch.Tensor:
         """Processed scores [B, q, V] for logits [B, q, V].
 
         `context` [B, L] ends with the token fed at the last of the q positions, so position j was
@@ -114,12 +114,12 @@ class TokenSelector:
                         self._process(self._prefix_processors, context[:, self.offset : end], logits[:, j])
                     )
                     continue
-                own = self._row_prefix_processors or [self._prefix_processors] * (max(rows.rows) + 1)
+                own = self._row_prefix_processors or [self._prefix_processors] * (max(rows.caller_rows) + 1)
                 positions.append(
                     torch.cat(
                         [
                             self._process(own[row], context[b : b + 1, start:end], logits[b : b + 1, j])
-                            for b, (start, row) in enumerate(zip(rows.starts, rows.rows))
+                            for b, (start, row) in enumerate(zip(rows.starts, rows.caller_rows))
                         ]
                     )
                 )
@@ -138,13 +138,11 @@ class TokenSelector:
             scores = processor(prefix, scores)
         return scores
 
-    def probabilities(
-        self, logits: torch.Tensor, context: torch.Tensor, rows: RowPrefixes | None = None
-    ) -> torch.Tensor:
+    def probabilities(self, logits: torch.Tensor, context: torch.Tensor, rows: RowStarts | None = None) -> torch.Tensor:
         """p (or q) [B, q, V]: softmax of the processed scores."""
         return torch.softmax(self.scores(logits, context, rows), dim=-1)
 
-    def greedy(self, logits: torch.Tensor, context: torch.Tensor, rows: RowPrefixes | None = None) -> torch.Tensor:
+    def greedy(self, logits: torch.Tensor, context: torch.Tensor, rows: RowStarts | None = None) -> torch.Tensor:
         """argmax tokens [B, q]."""
         return self.scores(logits, context, rows).argmax(dim=-1)
 

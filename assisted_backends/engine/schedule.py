@@ -29,7 +29,6 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-SCHEDULE_NAMES = ("adaptive", "constant")
 NEVER_PAYS_COST_RATIO = 0.9  # draft parameters / target parameters from which speculation is not tried
 COSTLY_DRAFT_RATIO = 0.25  # from this parameter ratio on, exploration drafts 1 token, not 3 (it costs γc steps)
 # A free drafter (prompt lookup) has regimes: a copied span accepts long runs, free text rejects x_1. Its
@@ -68,9 +67,7 @@ class ConstantSchedule:
     """Always γ tokens."""
 
     def __init__(self, gamma: int) -> None:
-        if gamma < 1:
-            raise ValueError(f"num_assistant_tokens must be >= 1, got {gamma}")
-        self.gamma = gamma
+        self.gamma = gamma  # >= 1 (`options.ranges`)
 
     def draft_length(self) -> int:
         return self.gamma
@@ -230,8 +227,6 @@ class AdaptiveSchedule:
         prompt_pass_prior: float = 0.0,  # the draft's pass over the prompt / the target's (0: it reads none)
         trial_budget: float = TRIAL_BUDGET,
     ) -> None:
-        if max_gamma < 1:
-            raise ValueError(f"num_assistant_tokens (the adaptive schedule's maximum γ) must be >= 1, got {max_gamma}")
         self.max_gamma = max_gamma
         self.cost_prior = cost_prior or 0.0
         self.prompt_pass_prior = prompt_pass_prior
@@ -335,36 +330,48 @@ class AdaptiveSchedule:
         self.draft_step.add(observation.draft_s / gamma)
 
 
-def make_schedule(
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """How γ is chosen: "constant" (always `gamma`) or "adaptive" (up to `gamma`), with the adaptive priors."""
+
+    name: str
+    gamma: int
+    cost_prior: float | None = None
+    prompt_pass_prior: float = 0.0
+    horizon: int | None = None
+
+    def build(self) -> DraftSchedule:
+        if self.name == "constant":
+            return ConstantSchedule(self.gamma)
+        return AdaptiveSchedule(
+            max_gamma=self.gamma,
+            cost_prior=self.cost_prior,
+            horizon=self.horizon,
+            prompt_pass_prior=self.prompt_pass_prior,
+        )
+
+
+def choose_schedule(
     name: str | None,
     num_assistant_tokens: int | None,
-    fixed_shapes: bool,
+    static_shapes: bool,
     default_gamma: int,
     max_gamma: int,
     cost_prior: float | None = None,
     seeded_sampling: bool = False,
     horizon: int | None = None,
     prompt_pass_prior: float = 0.0,
-) -> DraftSchedule:
+) -> ScheduleSpec:
     """`constant` when γ is fixed by the user or by static shapes, or when sampling with a seed; else
-    `adaptive` (the default).
+    `adaptive` (the default). Names and combinations were checked by `options.ranges.check_shapes`.
 
     Seeded sampling gets a constant γ by default because the adaptive schedule chooses γ from wall
     times, and which random numbers a round draws depends on γ: the tokens would follow the same
     distribution but differ from run to run. `schedule="adaptive"` still asks for it explicitly.
     """
-    if name is not None and name not in SCHEDULE_NAMES:
-        raise ValueError(f"schedule={name!r} is not one of {SCHEDULE_NAMES}")
-    if name == "adaptive" and fixed_shapes:
-        raise ValueError("schedule='adaptive' varies γ, which static shapes forbid; use schedule='constant'")
     if name is None:
-        fixed = num_assistant_tokens is not None or fixed_shapes or seeded_sampling
+        fixed = num_assistant_tokens is not None or static_shapes or seeded_sampling
         name = "constant" if fixed else "adaptive"
     if name == "constant":
-        return ConstantSchedule(num_assistant_tokens or default_gamma)
-    return AdaptiveSchedule(
-        max_gamma=num_assistant_tokens or max_gamma,
-        cost_prior=cost_prior,
-        horizon=horizon,
-        prompt_pass_prior=prompt_pass_prior,
-    )
+        return ScheduleSpec("constant", num_assistant_tokens or default_gamma)
+    return ScheduleSpec("adaptive", num_assistant_tokens or max_gamma, cost_prior, prompt_pass_prior, horizon)

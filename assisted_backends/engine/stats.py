@@ -74,6 +74,8 @@ class GenerationStats(_Rates):
     row_moves: int = 0  # batches: rounds after which rows were realigned (`engine.realign`)
     move_s: float = 0.0  # wall time of those realignments (inside decode_s)
     head_positions_skipped: int = 0  # verified positions whose logits were never computed (`engine.head_on_demand`)
+    drafting_stopped: str | None = None  # why drafting stopped for the rest of the call (its limits, an error)
+    drafting_stopped_at: int | None = None  # new tokens committed (all rows) when it stopped
 
     @property
     def speculative_rounds(self) -> int:

@@ -1,4 +1,4 @@
-"""TokenBuffer: the sequences being generated, preallocated once."""
+"""TokenBuffer: the sequences being generated, preallocated once, and what travels with each column."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from assisted_backends.engine.realign import RowMove
 
 
 @dataclass(frozen=True)
-class RowPrefixes:
-    """Batches: the column where each row's tokens begin and its index in the caller's batch."""
+class RowStarts:
+    """Batches: the column where each row's tokens begin, and each batch position's row in the caller's batch."""
 
     starts: list[int]
-    rows: list[int]
+    caller_rows: list[int]
 
 
 class TokenBuffer:
@@ -23,25 +23,33 @@ class TokenBuffer:
     Positions past `length` are scratch space: the drafter writes its proposal there, so the
     target's verification input and every processor's prefix are views, never copies.
     Every row is left padding (`pad[b]` columns), then its tokens, all rows ending at column `length`
-    (`engine.realign`); `rows[b]` is the caller's index of the row at batch position b, `results` the new
-    tokens of rows that finished (by the caller's index). The last `riders` rows only fill a batch up
-    to a bucket (static shapes): copies of row 0 that are never read.
+    (`engine.realign`); `caller_rows[b]` is the caller's index of the row at batch position b, `results`
+    the new tokens of rows that finished (by the caller's index). The last `filler_rows` rows only fill a
+    batch up to its bucket (static shapes): copies of row 0 that are never read.
+    `columns`: forward inputs given per prompt column (`token_type_ids`, `position_ids`) [B, capacity],
+    continued past the prompt as `model.generate` continues them (the last type repeated, positions + 1).
     """
 
     def __init__(
-        self, prompt: torch.Tensor, capacity: int, fill_value: int, pad: list[int] | None = None, riders: int = 0
+        self,
+        prompt: torch.Tensor,
+        capacity: int,
+        fill_value: int,
+        pad: list[int] | None = None,
+        filler_rows: int = 0,
+        columns: dict[str, torch.Tensor] | None = None,
     ) -> None:
         batch, prompt_length = prompt.shape
         self.ids = torch.full((batch, capacity), fill_value, dtype=torch.long, device=prompt.device)
         self.ids[:, :prompt_length] = prompt
         self.length = prompt_length
-        self.prompt_length = prompt_length
         self.batched = batch > 1
         self.pad = list(pad) if pad is not None else [0] * batch
-        self.rows = list(range(batch - riders)) + [0] * riders
-        self.riders = riders
+        self.caller_rows = list(range(batch - filler_rows)) + [0] * filler_rows
+        self.filler_rows = filler_rows
         self.new_tokens = [0] * batch  # committed after the prompt, per batch position
         self.results: dict[int, torch.Tensor] = {}
+        self.columns = {name: _continued(name, given, capacity) for name, given in (columns or {}).items()}
 
     @property
     def capacity(self) -> int:
@@ -55,18 +63,18 @@ class TokenBuffer:
         """[B, end] view of committed plus scratch tokens."""
         return self.ids[:, :end]
 
-    def generated(self) -> torch.Tensor:
-        """[B, length - prompt_length] the new tokens (one row: batches move rows, see `row_tokens`)."""
-        return self.ids[:, self.prompt_length : self.length]
-
-    def row_prefixes(self) -> RowPrefixes | None:
+    def row_starts(self) -> RowStarts | None:
         """Batches: where each row's tokens begin (processors and stop criteria see each row without its
         padding, as `model.generate` on that prompt alone); None for one row (its prefix is as given)."""
-        return RowPrefixes(self.pad, self.rows) if self.batched else None
+        return RowStarts(self.pad, self.caller_rows) if self.batched else None
 
     def pad_tensor(self) -> torch.Tensor:
         """[B] each row's left padding, on the buffer's device."""
         return torch.tensor(self.pad, device=self.ids.device)
+
+    def column_inputs(self, start: int, end: int) -> dict[str, torch.Tensor]:
+        """The per-column forward inputs of columns [start, end) ([B, end − start] each)."""
+        return {name: table[:, start:end] for name, table in self.columns.items()}
 
     def row_tokens(self, position: int, end: int, count: int) -> torch.Tensor:
         """[count] the last `count` tokens of the row at batch `position` that end before column `end`."""
@@ -74,11 +82,45 @@ class TokenBuffer:
 
     def finish_row(self, position: int, end: int) -> None:
         """Keep the new tokens of the row at batch `position`, whose last one sits at column end − 1."""
-        self.results[self.rows[position]] = self.row_tokens(position, end, self.new_tokens[position]).clone()
+        self.results[self.caller_rows[position]] = self.row_tokens(position, end, self.new_tokens[position]).clone()
+
+    def row_view(self, position: int) -> OneRowView:
+        """The row at batch `position` as a one-row buffer, reading through to this one."""
+        return OneRowView(self, position)
 
     def move_rows(self, move: RowMove, pad: list[int], kept: tuple[int, ...]) -> None:
-        """Apply `move` to the ids; `pad` and `kept` (batch positions kept) describe the rows after it."""
+        """Apply `move` to the ids (and column inputs); `pad` and `kept` (batch positions kept) describe the rows."""
         self.ids = move.apply(self.ids)
+        self.columns = {name: move.apply(table) for name, table in self.columns.items()}
         self.pad = pad
-        self.rows = [self.rows[b] for b in kept]
+        self.caller_rows = [self.caller_rows[b] for b in kept]
         self.new_tokens = [self.new_tokens[b] for b in kept]
+
+
+class OneRowView(TokenBuffer):
+    """Row `position` of a `TokenBuffer` seen as a one-row buffer (ids [1, capacity]), for drafters whose state
+    is per row (`drafters.any_pair.rowwise`); reads and writes go to the parent's tensor."""
+
+    batched = False
+
+    def __init__(self, parent: TokenBuffer, position: int) -> None:  # no own storage: nothing to allocate
+        self.parent, self.position = parent, position
+        self.pad, self.columns = [parent.pad[position]], {}
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return self.parent.ids[self.position : self.position + 1]
+
+    @property
+    def length(self) -> int:
+        return self.parent.length
+
+
+def _continued(name: str, given: torch.Tensor, capacity: int) -> torch.Tensor:
+    """[B, capacity]: `given` [B, P], then what `model.generate` feeds after it: the last token type again,
+    or the last position + 1, + 2, ..."""
+    batch, prompt_length = given.shape
+    steps = torch.arange(1, capacity - prompt_length + 1, device=given.device)[None, :]  # [1, capacity − P]
+    last = given[:, -1:]
+    tail = last + steps if name == "position_ids" else last.expand(batch, capacity - prompt_length)
+    return torch.cat([given, tail.to(given.dtype)], dim=1)

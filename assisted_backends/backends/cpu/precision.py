@@ -20,13 +20,14 @@ import torch
 
 from assisted_backends.backends.base import DTYPES
 from assisted_backends.backends.cpu.cpu_features import CPUFeatures
+from assisted_backends.options.errors import OptionError
 
 TARGET_CHOICES = ("auto", *DTYPES)
 DRAFT_CHOICES = ("fp32", "bf16", "w8af32")
 _ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-class UnsupportedPrecisionError(ValueError):
+class UnsupportedPrecisionError(OptionError):
     """A precision this CPU or this install cannot serve at speed; the message says what to pass instead."""
 
 
@@ -50,13 +51,17 @@ def _normalise(value: str | None) -> str | None:
 def _forced(name: str, who: str, features: CPUFeatures) -> Choice:
     if name == "bf16" and not features.native_bf16:
         raise UnsupportedPrecisionError(
-            f"{who}='bf16' was asked for, but this CPU ({features.summary()}) has neither AMX-BF16 nor "
-            f"AVX512-BF16: bf16 would be emulated and slower than fp32. Pass {who}='fp32' (or 'auto' for the target)."
+            f"{{asked}} was asked for, but this CPU ({features.summary()}) has neither AMX-BF16 nor AVX512-BF16: "
+            "bf16 would be emulated and slower than fp32. Pass {fix} (or 'auto' for the target).",
+            asked=(who, "bf16"),
+            fix=(who, "fp32"),
         )
     if name == "fp16" and not features.native_fp16:
         raise UnsupportedPrecisionError(
-            f"{who}='fp16' was asked for, but this CPU ({features.summary()}) has neither AMX-FP16 nor "
-            f"AVX512-FP16. Pass {who}='bf16' where the CPU has AMX-BF16 or AVX512-BF16, else 'fp32'."
+            f"{{asked}} was asked for, but this CPU ({features.summary()}) has neither AMX-FP16 nor AVX512-FP16. "
+            "Pass {fix} where the CPU has AMX-BF16 or AVX512-BF16, else 'fp32'.",
+            asked=(who, "fp16"),
+            fix=(who, "bf16"),
         )
     reason = f"{who}={name!r} asked for"
     if name == "bf16":
@@ -75,7 +80,8 @@ def target_choice(dtype: str | None, features: CPUFeatures) -> Choice:
             return Choice("bf16", torch.bfloat16, f"dtype='auto': bf16 on {support}")
         return Choice("fp32", torch.float32, "dtype='auto': fp32, this CPU has no AMX-BF16 or AVX512-BF16")
     if name not in DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not one of {TARGET_CHOICES} (or None to keep the model's dtype)")
+        raise OptionError(f"{{name}} is not one of {TARGET_CHOICES} (or None to keep the model's dtype)",
+                          name=("dtype", dtype))  # fmt: skip
     return _forced(name, "dtype", features)
 
 
@@ -87,5 +93,7 @@ def draft_choice(draft_precision: str | None, target: Choice, features: CPUFeatu
     if name == "w8af32":
         return Choice("w8af32", torch.float32, "draft_precision='w8af32' asked for", quantize=True)
     if name not in DRAFT_CHOICES:
-        raise ValueError(f"draft_precision={draft_precision!r} is not one of {DRAFT_CHOICES} (or None)")
+        raise OptionError(
+            f"{{name}} is not one of {DRAFT_CHOICES} (or None)", name=("draft_precision", draft_precision)
+        )
     return _forced(name, "draft_precision", features)

@@ -37,10 +37,12 @@ import torch
 
 from assisted_backends.backends.base import Backend, BackendOptions, ModelRole, PaddingPolicy, named_dtype
 from assisted_backends.backends.hpu import optimum_habana
+from assisted_backends.extras import install_hint
+from assisted_backends.options.errors import OptionError
 
 ExecutionMode = Literal["lazy", "eager"]
 DEFAULT_DTYPE = torch.bfloat16
-_INSTALL_HINT = "pip install assisted_backends[gaudi] on a Gaudi host with the Intel Gaudi software stack"
+_INSTALL_HINT = f"{install_hint('gaudi')} on a Gaudi host with the Intel Gaudi software stack"
 
 
 def _vendor(submodule: str) -> ModuleType:
@@ -96,7 +98,7 @@ class HPUBackend(Backend):
         super().__init__(options)
         self.dtype = resolve_dtype(self.options.dtype, "dtype")
         if self.options.draft_precision == "w8af32":
-            raise NotImplementedError("draft_precision='w8af32' is a CPU scheme; on hpu use 'bf16' or 'fp32'")
+            raise OptionError("{name} is a CPU scheme; on hpu use 'bf16' or 'fp32'", name=("draft_precision", "w8af32"))
         self.draft_dtype = resolve_dtype(self.options.draft_precision or self.options.dtype, "draft_precision")
         self._mode: ExecutionMode | None = None
         self._prepared: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from assisted_backends import hf_compat
 from assisted_backends.drafters.any_pair.token_bytes import ByteCodec
 from assisted_backends.drafters.any_pair.translation import (
     DEFAULT_TAIL,
@@ -59,6 +58,7 @@ class TranslatingDrafter(Drafter):
         draft_vocab: int,
         window: int = DEFAULT_WINDOW,
         tail: int = DEFAULT_TAIL,
+        max_positions: int | None = None,
     ) -> None:
         self.runner = runner
         self.target, self.draft = target, draft
@@ -70,9 +70,8 @@ class TranslatingDrafter(Drafter):
         self._cached: list[int] = []  # draft ids in the runner's cache
         self._seen = 0  # buffer positions already in self.context
         self._prefilled = False
-        limit = hf_compat.max_positions(runner.model)
         capacity = getattr(runner.layout, "capacity", None)
-        self._max_length = min(x for x in (limit, capacity, 1 << 62) if x is not None)
+        self._max_length = min(x for x in (max_positions, capacity, 1 << 62) if x is not None)
 
     @property
     def forward_count(self) -> int:

@@ -1,0 +1,137 @@
+"""`run`: the short step of a call. Prepare the models, build runners and the drafter, decode, assemble."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from assisted_backends.api import model_state
+from assisted_backends.api.plan import GenerationPlan
+from assisted_backends.api.streaming import StreamSink
+from assisted_backends.backends.base import Backend
+from assisted_backends.distributed import agreement
+from assisted_backends.drafters.factory import build_drafter
+from assisted_backends.engine.kv_cache import make_layout
+from assisted_backends.engine.loop import LoopSettings, decode
+from assisted_backends.engine.outputs import CommittedScores
+from assisted_backends.engine.runner import ModelRunner
+from assisted_backends.engine.sampling import TokenSelector
+from assisted_backends.engine.stats import GenerationStats
+from assisted_backends.engine.stopping import StopCheck
+from assisted_backends.engine.tokens import TokenBuffer
+from assisted_backends.model_facts import ModelFacts
+from assisted_backends.options.processors import logits_processors, row_logits_processors
+
+
+@dataclass
+class GenerateResult:
+    """`sequences` [B, prompt + new] (prompt included, as in transformers) and the run's `stats`; with
+    `output_scores` / `output_logits`, one [B, V] tensor per new position in `scores` / `logits`."""
+
+    sequences: torch.Tensor
+    stats: GenerationStats
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
+
+
+def run(
+    plan: GenerationPlan,
+    model: PreTrainedModel,
+    facts: ModelFacts,
+    backend: Backend,
+    assistant_model: PreTrainedModel | None = None,
+    streamer=None,
+) -> GenerateResult:
+    """Execute `plan` on `model` (and its draft); the models' training flags are restored afterwards."""
+    options = plan.options
+    ranks = agreement.RankAgreement.current()  # multi-rank launch: same seed, γ, tokens (None: one process)
+    seed = plan.seed
+    if ranks is not None:
+        seed = ranks.start(seed, options.sampling.do_sample, options.input_ids, plan.agreed_values())
+    sink = StreamSink(streamer) if streamer is not None else None
+    uses_draft_model = plan.draft.kind in ("draft_model", "translated")
+    with model_state.restored(model, assistant_model):  # training mode back as it was after the call
+        target = backend.prepare(model, "target")
+        draft = backend.prepare(assistant_model, "draft") if uses_draft_model else None
+        model_state.evaluation_mode(target, draft)  # every call: the caller may have called .train() since
+        device = backend.device
+        pads = plan.row_pads
+        buffer = TokenBuffer(
+            plan.padded(options.input_ids, options.pad_id, device),
+            plan.capacity,
+            options.pad_id,
+            pads,
+            plan.filler_rows,
+            {name: plan.padded(table, 0, device) for name, table in options.column_inputs.items()},
+        )
+
+        def runner(
+            m: PreTrainedModel, rows: list[int] | None = None, head_on_demand: bool = False, limit: int | None = None
+        ) -> ModelRunner:
+            """A runner for `m` over the batch's rows (`rows`: those batch positions only)."""
+            row_pads = pads if rows is None else [pads[b] for b in rows]
+            layout = make_layout(
+                plan.layout, m, torch.tensor(row_pads, device=device), plan.capacity, plan.padding.bucket
+            )
+            return ModelRunner(m, layout, backend.step_boundary, head_on_demand, limit)
+
+        target_runner = runner(target, head_on_demand=plan.head_on_demand, limit=facts.max_positions)
+        target_runner.inputs_from = buffer if buffer.columns else None
+        drafter = build_drafter(
+            plan.draft, target_runner, draft, runner, plan.static_shapes, len(pads), facts.vocab_size
+        )
+        custom = list(options.custom_processors)
+        processors = logits_processors(
+            model, options.config, options.input_ids, options.attention_mask, device, custom,
+            options.prefix_allowed_tokens_fn,
+        )  # fmt: skip
+        row_processors = None
+        if len(options.user_pad) > 1:
+            row_processors = row_logits_processors(
+                model, options.config, options.input_ids, options.user_pad, options.max_new_tokens, device, custom
+            )
+        schedule = plan.schedule.build() if drafter is not None else None
+        stats = GenerationStats(
+            drafter=drafter.name if drafter else "none",
+            schedule=type(schedule).__name__ if schedule is not None else "none",
+            cache_layout=plan.layout,
+            backend=backend.name,
+        )
+        outputs = options.outputs
+        record = CommittedScores(len(options.user_pad), outputs.logits, outputs.scores)
+        if sink is not None:
+            sink.start(options.input_ids)
+        with agreement.watched(ranks, buffer, stats):  # multi-rank: errors name rank and step; tokens compared
+            decode(
+                target=target_runner,
+                drafter=drafter,
+                buffer=buffer,
+                selector=TokenSelector(options.sampling, processors, plan.bucket_pad, row_processors),
+                schedule=(ranks.schedule(schedule) if ranks else schedule) if drafter else None,
+                generator=backend.generator(seed),
+                settings=LoopSettings(
+                    options.max_new_tokens,
+                    torch.tensor(options.eos_ids, device=device) if options.eos_ids else None,
+                    plan.static_shapes,
+                    backend.synchronize,
+                    stop=StopCheck(options.criteria.asked, plan.bucket_pad) if options.criteria.asked else None,
+                    on_commit=sink.commit if sink is not None else None,
+                    record=record if (outputs.scores or outputs.logits) else None,
+                ),
+                stats=stats,
+            )
+    if sink is not None:
+        sink.end()
+    sequences = _sequences(options.input_ids, buffer.results, options.pad_id)
+    return GenerateResult(sequences, stats, **record.as_outputs())
+
+
+def _sequences(input_ids: torch.Tensor, new_tokens: dict[int, torch.Tensor], pad_id: int) -> torch.Tensor:
+    """[B, P + longest]: each prompt as given, then its new tokens, `pad_id` after a row's end."""
+    longest = max(tokens.shape[0] for tokens in new_tokens.values())
+    tail = torch.full((input_ids.shape[0], longest), pad_id, dtype=torch.long, device=new_tokens[0].device)
+    for row, tokens in new_tokens.items():
+        tail[row, : tokens.shape[0]] = tokens
+    return torch.cat([input_ids.to(tail.device), tail], dim=1)

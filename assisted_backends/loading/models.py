@@ -1,0 +1,95 @@
+"""The one loader: a saved model directory, a `.gguf` file (or a directory holding one), or a Hub id.
+
+Local files first: a Hub id is looked up in the local cache, and downloaded only when it is not there and
+the Hub is reachable (never when `HF_HUB_OFFLINE=1`). Every failure is one line naming the argument
+(`ModelFileError`), never a traceback from inside transformers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from assisted_backends import hf_compat
+from assisted_backends.loading import files
+from assisted_backends.loading.files import ModelFileError
+
+
+@functools.lru_cache(maxsize=8)
+def resolve(name: str, what: str) -> str:
+    """What `from_pretrained` should read for `name`: a saved directory as is, a `.gguf` file (or a directory
+    holding one) as its cached converted directory, a Hub id unchanged."""
+    return files.model_dir(name, what)
+
+
+def _offline(name: str, what: str) -> ModelFileError:
+    return ModelFileError(
+        f"{what} {name!r} is not on disk and could not be downloaded (this machine may be offline): download it "
+        f"where the Hub is reachable (`hf download {name}`) and pass its directory to {what}"
+    )
+
+
+def load_model(name: str | os.PathLike, what: str = "model", dtype=None):
+    """`AutoModelForCausalLM.from_pretrained` in eval mode, local files first; `dtype` a torch dtype or None."""
+    from transformers import AutoModelForCausalLM
+
+    resolved = resolve(str(name), what)
+    kwargs = hf_compat.dtype_kwargs(dtype)  # `dtype=` or, before transformers 4.56, `torch_dtype=`
+    try:
+        return AutoModelForCausalLM.from_pretrained(resolved, local_files_only=True, **kwargs).eval()
+    except (OSError, ValueError) as local_error:
+        if Path(resolved).is_dir():
+            raise ModelFileError(f"cannot load {what} from {resolved}: {local_error}") from None
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise _offline(str(name), what)
+    try:
+        return AutoModelForCausalLM.from_pretrained(resolved, **kwargs).eval()
+    except OSError:
+        raise _offline(str(name), what) from None
+
+
+def load_tokenizer(name: str | os.PathLike, what: str = "model"):
+    """`AutoTokenizer.from_pretrained`, local files first."""
+    from transformers import AutoTokenizer
+
+    resolved = resolve(str(name), what)
+    try:
+        return AutoTokenizer.from_pretrained(resolved, local_files_only=True)
+    except (OSError, ValueError):
+        if Path(resolved).is_dir() or os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise ModelFileError(
+                f"no tokenizer found for {what} {name!r}; save the tokenizer next to the model"
+            ) from None
+    try:
+        return AutoTokenizer.from_pretrained(resolved)
+    except OSError:
+        raise _offline(str(name), what) from None
+
+
+def model_type(name: str, what: str = "model") -> str:
+    """The `model_type` in a model's config.json (read without loading weights)."""
+    from transformers import AutoConfig
+
+    resolved = resolve(name, what)
+    try:
+        return AutoConfig.from_pretrained(resolved, local_files_only=Path(resolved).is_dir()).model_type
+    except OSError:
+        raise _offline(name, what) from None
+
+
+def load_arguments(model, assistant_model, tokenizer, assistant_tokenizer) -> tuple:
+    """`generate`'s model arguments with every `str`/`Path` loaded. When the two loaded models have different
+    vocabularies and no tokenizers were given, both names' tokenizers are loaded too, so cross-tokenizer
+    drafting works."""
+    model_name = model if isinstance(model, (str, os.PathLike)) else None
+    draft_name = assistant_model if isinstance(assistant_model, (str, os.PathLike)) else None
+    if model_name is not None:
+        model = load_model(model_name, "model")
+    if draft_name is not None:
+        assistant_model = load_model(draft_name, "assistant_model")
+    if model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None:
+        if model.get_input_embeddings().num_embeddings != assistant_model.get_input_embeddings().num_embeddings:
+            tokenizer = load_tokenizer(model_name, "model")
+            assistant_tokenizer = load_tokenizer(draft_name, "assistant_model")
+    return model, assistant_model, tokenizer, assistant_tokenizer

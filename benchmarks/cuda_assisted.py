@@ -8,8 +8,8 @@ Modes (interleaved A/B: every repeat runs each mode once, in order; medians repo
 Speedups are against `plain` and `hf_assisted`; Leviathan et al.'s expected speedup S is computed
 from the measured α, γ and c = t_draft / t_target (one decode step each, timed here).
 
-    python benchmarks/cuda_assisted.py --json benchmarks/results/cuda_assisted.json
-    python benchmarks/cuda_assisted.py --target path/to/target --draft path/to/draft --dtype bf16
+    python -m benchmarks.cuda_assisted --json benchmarks/results/cuda_assisted.json
+    python -m benchmarks.cuda_assisted --target path/to/target --draft path/to/draft --dtype bf16
 
 Without --target/--draft a random Llama pair is built from configs (no downloads): the draft is the
 target's first layer with its embeddings and head, and the target's later layers have their output
@@ -21,37 +21,34 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import platform
 import statistics
-import time
-from datetime import datetime, timezone
 
 import torch
-import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import assisted_backends
-from assisted_backends.backends.base import BackendOptions
+from assisted_backends.backends.base import DTYPES, BackendOptions
 from assisted_backends.backends.cpu.backend import CPUBackend
-from assisted_backends.backends.cuda.backend import DTYPES, CUDABackend
-from assisted_backends.engine.schedule import leviathan_speedup
+from assisted_backends.backends.cuda.backend import CUDABackend
+from benchmarks.harness import command_line, cost_ratio, interleaved, leviathan_speedup, random_llama, write_result
 
 
 def random_pair(
     hidden: int, layers: int, vocab: int, seed: int, residual_scale: float
 ) -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64),
-        num_key_value_heads=max(1, hidden // 256),
-        max_position_embeddings=4096,
+    """(target, draft): a random Llama whose layers after the first are damped, and its first layer alone."""
+    target = random_llama(
+        hidden,
+        layers,
+        vocab,
+        heads=max(1, hidden // 64),
+        kv_heads=max(1, hidden // 256),
+        intermediate=4 * hidden,
+        max_positions=4096,
+        seed=seed,
+        bos_token_id=1,  # LlamaConfig's defaults, which this pair has always had
+        eos_token_id=2,
     )
-    torch.manual_seed(seed)
-    target = LlamaForCausalLM(config).eval()
     with torch.no_grad():  # later layers add little to the residual stream, so layer 0 alone agrees often
         for layer in target.model.layers[1:]:
             layer.self_attn.o_proj.weight.mul_(residual_scale)
@@ -63,6 +60,7 @@ def random_pair(
 
 
 def load_pair(args) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """--target/--draft folders, or the random pair."""
     if (args.target is None) != (args.draft is None):
         raise SystemExit("pass both --target and --draft, or neither (a random pair is built)")
     if args.target:
@@ -105,25 +103,6 @@ def make_runners(args, target, draft, prompt, sync):
     return runners
 
 
-def step_cost_ratio(target, draft, prompt, repeats: int, sync) -> float:
-    """c = one draft decode step / one target decode step (dynamic cache, after the prompt)."""
-
-    def one_step_time(model) -> float:
-        times = []
-        with torch.inference_mode():
-            for _ in range(repeats):
-                out = model(prompt, use_cache=True)
-                token = out.logits[:, -1:].argmax(-1)
-                sync()
-                start = time.perf_counter()
-                model(token, past_key_values=out.past_key_values, use_cache=True)
-                sync()
-                times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    return one_step_time(draft) / one_step_time(target)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -153,20 +132,14 @@ def main() -> None:
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     runners = make_runners(args, target, draft, prompt, sync)
 
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    outputs, stats = {}, {}
-    for repeat in range(args.warmup + args.repeats):
-        for name, run in runners.items():
-            sync()
-            start = time.perf_counter()
-            outputs[name], stats[name] = run()
-            sync()
-            if repeat >= args.warmup:
-                times[name].append(time.perf_counter() - start)
+    timings = interleaved(runners, args.repeats, warmup=args.warmup, synchronize=sync)
+    times = timings.seconds
+    outputs = {name: timings.last(name)[0] for name in runners}
 
-    c = step_cost_ratio(target, draft, prompt, args.repeats, sync)
+    # c = one draft decode step / one target decode step (dynamic cache, after the prompt)
+    c, _, _ = cost_ratio(target, draft, prompt, repeats=args.repeats, synchronize=sync)
     reference = outputs["plain"]
-    ours_stats = stats["ours_dynamic"]
+    ours_stats = timings.last("ours_dynamic")[1]
     alpha = ours_stats.acceptance_rate
     rows = []
     for name, samples in times.items():
@@ -190,25 +163,16 @@ def main() -> None:
             f"{row['speedup_vs_plain']:>9.2f}x{row['speedup_vs_hf_assisted']:>7.2f}x  {row['same_tokens_as_plain']}"
         )
     print(f"alpha={alpha:.3f} gamma={args.num_assistant_tokens} c={c:.3f} Leviathan S={expected:.2f}")
-    if args.json:
+    if args.json:  # the machine (with the GPU's name) goes in the file's header
         result = {
             "command_args": vars(args),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "machine": {
-                "platform": platform.platform(),
-                "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
-                "torch": torch.__version__,
-                "torch_cuda": torch.version.cuda,
-                "transformers": transformers.__version__,
-            },
             "alpha": alpha,
             "mean_accepted_length": ours_stats.mean_accepted_length,
             "c": c,
             "leviathan_speedup": expected,
             "rows": rows,
         }
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+        write_result("cuda_assisted", command_line("cuda_assisted"), result, args.json)
 
 
 if __name__ == "__main__":

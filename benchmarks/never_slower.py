@@ -1,29 +1,24 @@
 """Never slower than plain: this package's adaptive schedule against transformers' plain `generate`, alone.
 
-`real_models.py` interleaves seven methods, among them transformers' assisted generation with a costly
+`benchmarks.real_models` interleaves seven methods, among them transformers' assisted generation with a costly
 draft (up to 30 s a run); this script alternates only the two runs the never-slower target compares,
 so that nothing else runs between them, and reports the median time of each and their ratio:
 
-    python benchmarks/never_slower.py --pairs smollm2+early_exit gemma3+smollm2 --repeats 5
+    python -m benchmarks.never_slower --pairs smollm2+early_exit gemma3+smollm2 --repeats 5
 
-Same models, prompts, tasks and settings as `real_models.py` (greedy, EOS ignored, fp32 by default).
+Same models, prompts, tasks and settings as `benchmarks.real_models` (greedy, EOS ignored, fp32 by default).
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
-import statistics
-import sys
 import warnings
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import real_models  # noqa: E402
-from xeon_common import interleaved, write_result  # noqa: E402
+from benchmarks import real_models
+from benchmarks.harness import command_line, interleaved, write_result
 
 PAIRED = ("hf_plain", "ours_adaptive")
 
@@ -36,10 +31,10 @@ def measure(pair: str, task: str, dtype: str, threads: int, new_tokens: int, rep
     runs = {name: cases[name] for name in PAIRED}
     outputs = {name: run() for name, run in runs.items()}  # warm-up and identity
     identical = real_models.tokens_of(outputs["ours_adaptive"]) == real_models.tokens_of(outputs["hf_plain"])
-    last: dict = {}
-    times = interleaved(runs, repeats, warmup=0, last=last)
-    drafted = (last["ours_adaptive"].stats.drafted, last["ours_adaptive"].stats.rounds)
-    median = {name: statistics.median(values) for name, values in times.items()}
+    timings = interleaved(runs, repeats, warmup=0)
+    adaptive = timings.last("ours_adaptive").stats
+    drafted = (adaptive.drafted, adaptive.rounds)
+    median = timings.medians()
     return {
         "pair": pair,
         "task": task,
@@ -47,7 +42,7 @@ def measure(pair: str, task: str, dtype: str, threads: int, new_tokens: int, rep
         "threads": threads,
         "new_tokens": new_tokens,
         "median_s": {name: round(value, 4) for name, value in median.items()},
-        "spread_s": {name: [round(min(v), 4), round(max(v), 4)] for name, v in times.items()},
+        "spread_s": {name: [round(low, 4), round(high, 4)] for name, (low, high) in timings.spread().items()},
         "adaptive_vs_plain": round(median["hf_plain"] / median["ours_adaptive"], 3),
         "adaptive_drafted_rounds": drafted,
         "identical_to_hf_plain": identical,
@@ -65,7 +60,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(real_models.RESULTS / "never_slower.json"))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/never_slower.py", *sys.argv[1:]])
+    command = command_line("never_slower")
     results = []
     for pair in args.pairs:
         for task in args.tasks:

@@ -1,8 +1,8 @@
 """This package against transformers' own generate, and against the Leviathan limit, in one run.
 
-    python benchmarks/peer_compare.py                 # all pairs, writes benchmarks/results/peer_compare.json
-    python benchmarks/peer_compare.py --pairs demo --repeats 3
-    python benchmarks/peer_compare.py --pairs demo --dtype bf16 --out benchmarks/results/peer_compare_bf16.json
+    python -m benchmarks.peer_compare                 # all pairs, writes benchmarks/results/peer_compare.json
+    python -m benchmarks.peer_compare --pairs demo --repeats 3
+    python -m benchmarks.peer_compare --pairs demo --dtype bf16 --out benchmarks/results/peer_compare_bf16.json
 
 Per pair, five methods run interleaved (round-robin, `--repeats` times; medians): transformers'
 plain `generate`, transformers' assisted `generate`, and this package's plain, constant-γ and
@@ -24,58 +24,30 @@ efficiency = measured speedup / S_E.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from xeon_common import interleaved, write_result  # noqa: E402
-
-from assisted_backends import (
-    generate,  # noqa: E402
-    hf_compat,  # noqa: E402
+from assisted_backends import generate
+from assisted_backends.drafters.early_exit import early_exit_view
+from benchmarks.harness import (
+    RESULTS,
+    command_line,
+    cost_ratio,
+    demo_pair,
+    interleaved,
+    leviathan_speedup,
+    measured_limit,
+    random_llama,
+    write_result,
 )
-from assisted_backends.drafters.early_exit import early_exit_view  # noqa: E402
-from assisted_backends.engine.schedule import leviathan_speedup  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def random_llama(hidden: int, layers: int, seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=hidden,
-        intermediate_size=hidden * 11 // 4,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 64,
-        max_position_embeddings=2048,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    return LlamaForCausalLM(config).eval()
-
-
-def step_time(model, prompt: torch.Tensor, repeats: int = 15) -> float:
-    """Median seconds of one single-token forward on a warm cache after `prompt`."""
-    cache = hf_compat.new_dynamic_cache(model)
-    with torch.inference_mode():
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
-        length = prompt.shape[1]
-        token = prompt[:, -1:]
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model(input_ids=token, past_key_values=cache, use_cache=True)
-            samples.append(time.perf_counter() - start)
-            hf_compat.crop_dynamic_cache(cache, length)
-    return statistics.median(samples)
+def random_target(hidden: int, layers: int, seed: int) -> torch.nn.Module:
+    """A random Llama with 32k vocabulary, heads of 64, an 11/4 MLP (the self and unrelated pairs)."""
+    heads = hidden // 64
+    return random_llama(hidden, layers, 32000, heads=heads, kv_heads=heads, intermediate=hidden * 11 // 4, seed=seed)
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -84,25 +56,19 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def build_pairs(names: list[str], dtype: torch.dtype = torch.float32):
     pairs = {}
     if {"self", "unrelated"} & set(names):
-        target = random_llama(1024, 8, seed=0).to(dtype)
+        target = random_target(1024, 8, seed=0).to(dtype)
         prompt = torch.randint(0, 32000, (1, 128), generator=torch.Generator().manual_seed(0))
         if "self" in names:
             pairs["self"] = dict(target=target, draft=target, prompt=prompt, new_tokens=48, early_exit=None)
         if "unrelated" in names:
-            draft = random_llama(256, 2, seed=1).to(dtype)
+            draft = random_target(256, 2, seed=1).to(dtype)
             pairs["unrelated"] = dict(target=target, draft=draft, prompt=prompt, new_tokens=48, early_exit=None)
     if {"demo", "early_exit"} & set(names):
-        from transformers import AutoTokenizer
-
-        from assisted_backends.demo.pair import ensure_demo_pair, shipped_pair
-
-        pair = shipped_pair() or ensure_demo_pair()
-        target = LlamaForCausalLM.from_pretrained(pair.target_dir, dtype=dtype).eval()
-        tokenizer = AutoTokenizer.from_pretrained(pair.target_dir)
-        text = pair.held_out_text.read_text(encoding="utf-8")
-        prompt = torch.tensor([tokenizer(text[:20000]).input_ids[:128]])
+        demo = demo_pair(dtype)
+        target = demo.target
+        prompt = torch.tensor([demo.tokenizer(demo.held_out_text[:20000]).input_ids[:128]])
         if "demo" in names:
-            draft = LlamaForCausalLM.from_pretrained(pair.draft_dir, dtype=dtype).eval()
+            draft = demo.draft
             pairs["demo"] = dict(target=target, draft=draft, prompt=prompt, new_tokens=128, early_exit=None)
         if "early_exit" in names:
             pairs["early_exit"] = dict(
@@ -147,17 +113,14 @@ def measure(pair: dict, gamma: int, repeats: int) -> dict:
         name: (out.sequences if hasattr(out, "sequences") else out)[0].tolist() == reference
         for name, out in outputs.items()
     }
-    last: dict = {}
-    times = interleaved(runs, repeats, warmup=0, last=last)
-    stats = {name: out.stats for name, out in last.items() if hasattr(out, "stats")}
-    median = {name: statistics.median(values) for name, values in times.items()}
+    timings = interleaved(runs, repeats, warmup=0)
+    stats = {name: timings.last(name).stats for name in ("ours_constant", "ours_adaptive")}
+    median = timings.medians()
     alpha = stats["ours_constant"].acceptance_rate or 0.0
-    t_target = step_time(pair["target"], pair["prompt"])
-    t_draft = step_time(pair["draft"], pair["prompt"])
-    c = t_draft / t_target
+    c, t_target, t_draft = cost_ratio(pair["target"], pair["draft"], pair["prompt"], repeats=15)
     theory = leviathan_speedup(alpha, gamma, c)
     tokens_per_round = stats["ours_constant"].mean_accepted_length
-    limit = tokens_per_round / (gamma * c + 1.0)
+    limit = measured_limit(tokens_per_round, gamma, c)
     speedup = median["ours_plain"] / median["ours_constant"]
     adaptive_stats = stats["ours_adaptive"]
     return {
@@ -217,7 +180,7 @@ def main() -> None:
         "notes": "ratios < 1 in *_vs_* entries named time/time mean faster; speedups > 1 mean faster",
         "pairs": results,
     }
-    write_result("peer_compare", "python " + " ".join(sys.argv), payload, Path(args.out))
+    write_result("peer_compare", command_line("peer_compare"), payload, Path(args.out))
 
 
 if __name__ == "__main__":

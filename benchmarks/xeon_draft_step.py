@@ -5,24 +5,20 @@ drafter does γ times per round. Also the kernel table (one 4096 x 4096 linear a
 that ../shared/notes/ENVIRONMENT.md quotes, re-measured. Cases run interleaved; medians; ratios
 against fp32 (below 1 is faster).
 
-    python benchmarks/xeon_draft_step.py                # ~3 minutes on 2 cores
-    python benchmarks/xeon_draft_step.py --threads 1 --repeats 15
+    python -m benchmarks.xeon_draft_step                # ~3 minutes on 2 cores
+    python -m benchmarks.xeon_draft_step --threads 1 --repeats 15
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import shlex
-import sys
 import warnings
 
 import torch
-from transformers import DynamicCache
-from xeon_common import interleaved, llama, median_ms, write_result
 
-from assisted_backends import hf_compat
 from assisted_backends.backends.cpu.quantize import METHODS, quantize_w8af32
+from benchmarks.harness import command_line, forward_step, interleaved, median_ms, random_llama, write_result
 
 DRAFT_SHAPES = {  # name: (hidden, layers, vocab)
     "small (h256 x 2, V 4096)": (256, 2, 4096),
@@ -39,29 +35,16 @@ def _variants(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 
 def _decode_step(model: torch.nn.Module, context: int = 128):
-    vocab = model.config.vocab_size
-    prompt = torch.randint(0, vocab, (1, context))
-    token = prompt[:, -1:]
-    with torch.inference_mode():
-        cache = DynamicCache()
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
-
-    def step():
-        with torch.inference_mode():
-            model(input_ids=token, past_key_values=cache, use_cache=True)
-            hf_compat.crop_dynamic_cache(cache, context)  # stay at the same length every repeat
-
-    return step
+    """One token through `model` on a cache of `context` random tokens."""
+    return forward_step(model, torch.randint(0, model.config.vocab_size, (1, context)))
 
 
 def draft_steps(repeats: int) -> dict:
     results = {}
     for label, (hidden, layers, vocab) in DRAFT_SHAPES.items():
-        torch.manual_seed(0)
-        model = llama(hidden, layers, vocab)
+        model = random_llama(hidden, layers, vocab, seed=0)
         cases = {name: _decode_step(variant) for name, variant in _variants(model).items()}
-        samples = interleaved(cases, repeats)
-        medians = {name: median_ms(values) for name, values in samples.items()}
+        medians = {name: median_ms(values) for name, values in interleaved(cases, repeats).seconds.items()}
         ratios = {name: round(value / medians["fp32"], 3) for name, value in medians.items()}
         results[label] = {"median_ms": medians, "ratio_vs_fp32": ratios}
         print(label, {name: f"{medians[name]:.3f} ms ({ratios[name]:.2f}x)" for name in medians}, flush=True)
@@ -100,8 +83,7 @@ def kernels(repeats: int) -> dict:
             ),
             "dynamic int8 (quantize_dynamic)": run(lambda x=x: dynamic(x)),
         }
-        samples = interleaved(cases, repeats)
-        medians = {name: median_ms(values) for name, values in samples.items()}
+        medians = {name: median_ms(values) for name, values in interleaved(cases, repeats).seconds.items()}
         results[f"M={tokens}"] = {
             "median_ms": medians,
             "speedup_vs_fp32": {name: round(medians["fp32"] / value, 2) for name, value in medians.items()},
@@ -126,8 +108,7 @@ def main() -> None:
         "draft_decode_step": draft_steps(args.repeats),
         "kernels_4096x4096": kernels(max(5, args.repeats // 2)),
     }
-    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/xeon_draft_step.py", *sys.argv[1:]])
-    write_result(args.name, command, payload)
+    write_result(args.name, command_line("xeon_draft_step"), payload)
 
 
 if __name__ == "__main__":

@@ -5,38 +5,33 @@ on held-out prompts, interleaved prompt by prompt; medians of the per-prompt wal
 measured α and c (draft step / target step) and Leviathan's expected speedup
 S = (1 - α^(γ+1)) / ((1 - α)(γc + 1)), so measured / S is the loop's efficiency.
 
-    python benchmarks/xeon_end_to_end.py        # ~4 minutes on 2 cores once the pair is cached
+    python -m benchmarks.xeon_end_to_end        # ~4 minutes on 2 cores once the pair is cached
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import shlex
 import statistics
-import sys
 
 import torch
-from xeon_common import add_pair_arguments, interleaved, median_ms, pair_and_prompts, write_result
 
-from assisted_backends import generate, hf_compat
+from assisted_backends import generate
 from assisted_backends.backends.base import BackendOptions
 from assisted_backends.backends.cpu.backend import CPUBackend
+from benchmarks.harness import (
+    add_pair_arguments,
+    command_line,
+    decode_step,
+    interleaved,
+    leviathan_speedup,
+    measured_limit,
+    median_ms,
+    pair_and_prompts,
+    write_result,
+)
 
-
-def _step_time(model: torch.nn.Module, context: torch.Tensor, repeats: int = 30) -> float:
-    """Median seconds of one decode step on top of `context` (for c)."""
-    cache = hf_compat.new_dynamic_cache(model)
-    with torch.inference_mode():
-        model(input_ids=context, past_key_values=cache, use_cache=True)
-    token = context[:, -1:]
-
-    def step():
-        with torch.inference_mode():
-            model(input_ids=token, past_key_values=cache, use_cache=True)
-            hf_compat.crop_dynamic_cache(cache, context.shape[1])
-
-    return statistics.median(interleaved({"step": step}, repeats)["step"])
+STEP_TIMING = dict(repeats=30, warmup=2)  # decode steps timed for c
 
 
 def main() -> None:
@@ -54,13 +49,11 @@ def main() -> None:
             name = f"{dtype} plain" if draft_precision is None else f"{dtype} assisted, draft {draft_precision}"
             configs[name] = (backend, own_target, None if draft_precision is None else draft)
 
-    stats = {name: [] for name in configs}
-
     def run(name: str, prompt: torch.Tensor):
         backend, own_target, own_draft = configs[name]
 
         def once():
-            result = generate(
+            return generate(
                 own_target,
                 prompt,
                 assistant_model=own_draft,
@@ -68,16 +61,17 @@ def main() -> None:
                 num_assistant_tokens=args.gamma,
                 eos_token_id=[],
                 backend=backend,
-            )
-            stats[name].append(result.stats)
+            ).stats
 
         return once
 
+    stats = {name: [] for name in configs}
     per_prompt = {name: [] for name in configs}
     for index, prompt in enumerate(inputs):
-        samples = interleaved({name: run(name, prompt) for name in configs}, args.repeats, warmup=1)
-        for name, values in samples.items():
+        timings = interleaved({name: run(name, prompt) for name in configs}, args.repeats, warmup=1)
+        for name, values in timings.seconds.items():
             per_prompt[name].append(statistics.median(values))
+            stats[name].extend(timings.outputs[name])
         print(
             f"prompt {index + 1}/{len(inputs)}",
             {n: f"{1000 * v[-1]:.0f} ms" for n, v in per_prompt.items()},
@@ -89,7 +83,7 @@ def main() -> None:
     for dtype in ("fp32", "bf16"):
         plain = statistics.median(per_prompt[f"{dtype} plain"])
         prepared_target = configs[f"{dtype} plain"][0].prepare(configs[f"{dtype} plain"][1], "target")
-        t_target = _step_time(prepared_target, context)
+        t_target = decode_step(prepared_target, context, **STEP_TIMING)
         results[f"{dtype} plain"] = {
             "median_s_per_prompt": round(plain, 4),
             "target_step_ms": round(1000 * t_target, 3),
@@ -97,15 +91,16 @@ def main() -> None:
         for draft_precision in ("fp32", "w8af32"):
             name = f"{dtype} assisted, draft {draft_precision}"
             backend = configs[name][0]
-            t_draft = _step_time(backend.prepare(draft, "draft"), context)
+            t_draft = decode_step(backend.prepare(draft, "draft"), context, **STEP_TIMING)
             drafted = sum(s.drafted for s in stats[name])
             accepted = sum(s.accepted for s in stats[name])
             alpha = accepted / drafted
             c = t_draft / t_target
             g = args.gamma
-            expected = (1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c + 1)) if alpha < 1 else (g + 1) / (g * c + 1)
-            assisted = statistics.median(per_prompt[name])
+            expected = leviathan_speedup(alpha, g, c)
             mean_length = statistics.mean(s.mean_accepted_length for s in stats[name])
+            limit = measured_limit(mean_length, g, c)
+            assisted = statistics.median(per_prompt[name])
             results[name] = {
                 "median_s_per_prompt": round(assisted, 4),
                 "speedup_vs_plain": round(plain / assisted, 3),
@@ -117,8 +112,8 @@ def main() -> None:
                 "efficiency": round((plain / assisted) / expected, 3),
                 # α-based S assumes independent acceptances; runs of accepted tokens are correlated, so the
                 # measured tokens per round (mean accepted length) give the tighter bound E / (γc + 1).
-                "expected_from_mean_accepted_length": round(mean_length / (g * c + 1), 3),
-                "efficiency_vs_that": round((plain / assisted) / (mean_length / (g * c + 1)), 3),
+                "expected_from_mean_accepted_length": round(limit, 3),
+                "efficiency_vs_that": round((plain / assisted) / limit, 3),
             }
             print(name, results[name], flush=True)
     payload = {
@@ -129,8 +124,7 @@ def main() -> None:
         "median_ms_per_prompt": {name: median_ms(values) for name, values in per_prompt.items()},
         "results": results,
     }
-    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/xeon_end_to_end.py", *sys.argv[1:]])
-    write_result("xeon_end_to_end", command, payload)
+    write_result("xeon_end_to_end", command_line("xeon_end_to_end"), payload)
 
 
 if __name__ == "__main__":

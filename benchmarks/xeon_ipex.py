@@ -7,40 +7,27 @@ one decode step and one 5-token verify step; and, for reference, transformers' o
 Cases interleaved; medians.
 
     .ci/lanes/ipex.sh --co -q >/dev/null   # builds /tmp/venv-ipex (torch 2.8 + IPEX 2.8 + transformers 4.51.3)
-    /tmp/venv-ipex/bin/python benchmarks/xeon_ipex.py
+    /tmp/venv-ipex/bin/python -m benchmarks.xeon_ipex
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import shlex
-import sys
 import warnings
 
 import torch
-from transformers import DynamicCache
-from xeon_common import interleaved, llama, median_ms, write_result
 
-from assisted_backends import hf_compat
 from assisted_backends.backends.cpu import ipex as ipex_support
+from benchmarks.harness import command_line, forward_step, interleaved, median_ms, random_llama, write_result
 
 SHAPE = (1024, 4, 32000)  # hidden, layers, vocab
 
 
 def _step(model, tokens: int, context: int = 256):
+    """One forward of `tokens` random tokens on a cache of `context` random tokens."""
     prompt = torch.randint(0, SHAPE[2], (1, context))
-    fed = torch.randint(0, SHAPE[2], (1, tokens))
-    with torch.inference_mode():
-        cache = DynamicCache()
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
-
-    def step():
-        with torch.inference_mode():
-            model(input_ids=fed, past_key_values=cache, use_cache=True)
-            hf_compat.crop_dynamic_cache(cache, context)
-
-    return step
+    return forward_step(model, prompt, tokens, fed=torch.randint(0, SHAPE[2], (1, tokens)))
 
 
 def _generate(model, new_tokens: int = 16):
@@ -72,8 +59,7 @@ def main() -> None:
     ipex = ipex_support.load()
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    base = llama(*SHAPE)
+    base = random_llama(*SHAPE, seed=0)
     base.config.architectures = ["LlamaForCausalLM"]  # ipex.llm.optimize looks the family up here
 
     steps, generation = {}, {}
@@ -87,7 +73,7 @@ def main() -> None:
             f"{name} native q=5": _step(native, 5),
             f"{name} ipex.optimize q=5": _step(optimized, 5),
         }
-        medians = {case: median_ms(v) for case, v in interleaved(cases, args.repeats).items()}
+        medians = {case: median_ms(v) for case, v in interleaved(cases, args.repeats).seconds.items()}
         steps[name] = {
             "median_ms": medians,
             "ipex_vs_native_q1": round(medians[f"{name} ipex.optimize q=1"] / medians[f"{name} native q=1"], 3),
@@ -99,7 +85,8 @@ def main() -> None:
             f"{name} ipex.optimize generate": _generate(optimized),
             f"{name} ipex.llm.optimize generate": _generate(llm),
         }
-        medians = {case: median_ms(v) for case, v in interleaved(cases, max(3, args.repeats // 3), warmup=1).items()}
+        timings = interleaved(cases, max(3, args.repeats // 3), warmup=1)
+        medians = {case: median_ms(v) for case, v in timings.seconds.items()}
         generation[name] = {
             "median_ms": medians,
             "ipex.optimize_vs_native": round(
@@ -121,10 +108,7 @@ def main() -> None:
         "steps": steps,
         "generate": generation,
     }
-    command = "/tmp/venv-ipex/bin/python " + " ".join(
-        shlex.quote(a) for a in ["benchmarks/xeon_ipex.py", *sys.argv[1:]]
-    )
-    write_result("xeon_ipex", command, payload)
+    write_result("xeon_ipex", command_line("xeon_ipex", python="/tmp/venv-ipex/bin/python"), payload)
 
 
 if __name__ == "__main__":

@@ -5,46 +5,32 @@ AMX or AVX512-BF16, a step is bound by reading the weights once, so K+1 tokens s
 much as one. Cases run interleaved; medians; reported as t(K+1) / t(1) per dtype, and bf16 / fp32 per
 token count.
 
-    python benchmarks/xeon_verify.py            # ~3 minutes on 2 cores
+    python -m benchmarks.xeon_verify            # ~3 minutes on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import shlex
-import sys
 import warnings
 
 import torch
-from transformers import DynamicCache
-from xeon_common import interleaved, llama, median_ms, write_result
 
-from assisted_backends import hf_compat
+from benchmarks.harness import command_line, forward_step, interleaved, median_ms, random_llama, write_result
 
 TARGETS = {  # label: (hidden, layers, vocabulary, heads)
     "h1024 x 8, V 32000 (~190M)": (1024, 8, 32000, 8),
     "h384 x 6, V 4096 (the demo target's shape, random weights)": (384, 6, 4096, 6),
 }
 TOKENS = (1, 2, 4, 5, 9)  # K + 1 for K = 0 (a decode step), 1, 3, 4, 8
+CONTEXT = 256  # positions in the KV cache
 
 
-def _step(model: torch.nn.Module, tokens: int, context: int = 256):
+def _step(model: torch.nn.Module, tokens: int):
+    """One forward of `tokens` random tokens on a cache of CONTEXT random tokens."""
     vocab = model.config.vocab_size
-    prompt = torch.randint(0, vocab, (1, context))
-    fed = torch.randint(0, vocab, (1, tokens))
-    with torch.inference_mode():
-        cache = DynamicCache()
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
-
-    def step():
-        with torch.inference_mode():
-            model(
-                input_ids=fed, past_key_values=cache, use_cache=True, **hf_compat.logits_to_keep_kwargs(model, tokens)
-            )
-            hf_compat.crop_dynamic_cache(cache, context)
-
-    return step
+    context = torch.randint(0, vocab, (1, CONTEXT))
+    return forward_step(model, context, tokens, fed=torch.randint(0, vocab, (1, tokens)))
 
 
 def main() -> None:
@@ -57,12 +43,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     results = {}
     for label, (hidden, layers, vocab, heads) in TARGETS.items():
-        torch.manual_seed(0)
-        fp32 = llama(hidden, layers, vocab, heads=heads)
+        fp32 = random_llama(hidden, layers, vocab, heads=heads, seed=0)
         models = {"fp32": fp32, "bf16": copy.deepcopy(fp32).to(torch.bfloat16)}
         cases = {f"{dtype} q={q}": _step(model, q) for dtype, model in models.items() for q in TOKENS}
-        samples = interleaved(cases, args.repeats)
-        medians = {name: median_ms(values) for name, values in samples.items()}
+        medians = {name: median_ms(values) for name, values in interleaved(cases, args.repeats).seconds.items()}
         table = {}
         for dtype in models:
             one = medians[f"{dtype} q=1"]
@@ -83,8 +67,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "verify": results,
     }
-    command = "python " + " ".join(shlex.quote(a) for a in ["benchmarks/xeon_verify.py", *sys.argv[1:]])
-    write_result("xeon_verify", command, payload)
+    write_result("xeon_verify", command_line("xeon_verify"), payload)
 
 
 if __name__ == "__main__":

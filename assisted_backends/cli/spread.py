@@ -1,14 +1,53 @@
 """How far a benchmark's speedup can be trusted: an interval on the median of the interleaved pairs'
-speedups, when it counts as settled, and the loop that adds pairs until it is (or a time limit passes)."""
+speedups, when it counts as settled, and the loop that adds pairs until it is (or a time limit passes).
+Also the interleaving primitive itself: the order of one round of cases, and one timed round."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+ROUND_ORDERS = ("fixed", "alternate", "rotate")  # same order every round | reversed every other round | rotated
 
 INTERVAL_COVERAGE = 0.9  # of the order-statistic interval around the median pair speedup
 NO_EFFECT_BAND = (0.95, 1.05)  # an interval inside it settles as "no difference"
+
+
+def round_order(names: Sequence[str], repeat: int, order: str = "fixed") -> list[str]:
+    """The order of round `repeat` of an interleaved run: `fixed` (as given), `alternate` (reversed on odd
+    rounds), or `rotate` (shifted by one per round), so that drift in machine load hits every case alike."""
+    names = list(names)
+    if order == "fixed":
+        return names
+    if order == "alternate":
+        return names if repeat % 2 == 0 else names[::-1]
+    if order == "rotate":
+        shift = repeat % len(names) if names else 0
+        return names[shift:] + names[:shift]
+    raise ValueError(f"unknown round order {order!r}; choose one of {ROUND_ORDERS}")
+
+
+def timed_round(
+    cases: Mapping[str, Callable[[], T]],
+    repeat: int,
+    order: str = "fixed",
+    synchronize: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, tuple[float, T]]:
+    """Run every case once, in `round_order`; {name: (wall seconds, output)}. `synchronize` (a device's)
+    runs before the clock starts and before it stops, so queued device work is inside the case's time."""
+    sync = synchronize or (lambda: None)
+    measured: dict[str, tuple[float, T]] = {}
+    for name in round_order(list(cases), repeat, order):
+        sync()
+        started = clock()
+        output = cases[name]()
+        sync()
+        measured[name] = (clock() - started, output)
+    return {name: measured[name] for name in cases}
 
 
 def median_interval(values: list[float], coverage: float = INTERVAL_COVERAGE) -> tuple[float, float]:

@@ -35,7 +35,8 @@ from pathlib import Path
 
 UPSTREAM = "https://github.com/huggingface/transformers"
 NEEDED = "tests/generation/test_utils.py"
-KEEP = ("tests/", "conftest.py", "pyproject.toml", "src/transformers/__init__.py")
+KEEP = ("tests/", "utils/", "conftest.py", "pyproject.toml", "src/transformers/__init__.py")
+PATHS = ("tests", "utils", "conftest.py", "pyproject.toml", "src/transformers/__init__.py")
 
 
 def cache_root() -> Path:
@@ -60,6 +61,7 @@ def _finish(staging: Path, dest: Path, provenance: dict) -> Path:
     if not (staging / NEEDED).exists():
         raise RuntimeError(f"the tree has no {NEEDED}")
     provenance["tests_declared_version"] = _declared_version(staging)
+    shutil.rmtree(staging / "src", ignore_errors=True)  # `link_installed` points src/transformers at the installed one
     provenance["installed_transformers"] = installed_version()
     (staging / "PROVENANCE.json").write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -106,13 +108,14 @@ def from_git_clone(version: str, staging: Path) -> dict:
         checkout = Path(work) / "transformers"
         environment = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
         subprocess.run([*clone, str(checkout)], check=True, timeout=120, env=environment, capture_output=True)
-        subprocess.run(["git", "-C", str(checkout), "sparse-checkout", "set", "tests", "src/transformers"], check=True)
+        subprocess.run(["git", "-C", str(checkout), "sparse-checkout", "set", "tests", "utils", "src/transformers"], check=True)
         _copy_checkout(checkout, staging)
     return {"source": "git-clone", "ref": f"{UPSTREAM}@{tag}"}
 
 
 def _copy_checkout(checkout: Path, staging: Path) -> None:
     shutil.copytree(checkout / "tests", staging / "tests")
+    shutil.copytree(checkout / "utils", staging / "utils")
     for name in ("conftest.py", "pyproject.toml"):
         if (checkout / name).exists():
             shutil.copy2(checkout / name, staging / name)
@@ -134,10 +137,8 @@ def from_local(source: str, staging: Path) -> dict:
         ["git", "--git-dir", str(path), "rev-parse", f"{ref}^{{commit}}"], check=True, capture_output=True, text=True
     ).stdout.strip()
     archive = subprocess.run(
-        ["git", "--git-dir", str(path), "archive", "--format=tar", commit, "tests", "conftest.py", "pyproject.toml",
-         "src/transformers/__init__.py"],
-        check=True, capture_output=True,
-    ).stdout  # fmt: skip
+        ["git", "--git-dir", str(path), "archive", "--format=tar", commit, *PATHS], check=True, capture_output=True
+    ).stdout
     staging.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(suffix=".tar") as handle:
         handle.write(archive)
@@ -145,6 +146,18 @@ def from_local(source: str, staging: Path) -> dict:
         with tarfile.open(handle.name) as tar:
             tar.extractall(staging, filter="data")
     return {"source": "git-directory", "ref": f"{path}@{commit}"}
+
+
+def link_installed(tree: Path) -> None:
+    """Point the tree's `src/transformers` at the installed transformers: tests that read the sources
+    (`direct_transformers_import(<repo>/src/transformers)`, pipelines) then see the code under test."""
+    import transformers
+
+    link = tree / "src" / "transformers"
+    link.parent.mkdir(exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(Path(transformers.__file__).parent, target_is_directory=True)
 
 
 def fetch(version: str | None = None, refresh: bool = False) -> Path:
@@ -175,5 +188,6 @@ def fetch(version: str | None = None, refresh: bool = False) -> Path:
 
 
 if __name__ == "__main__":
-    refresh = "--refresh" in sys.argv
-    print(fetch(refresh=refresh))
+    tree = fetch(refresh="--refresh" in sys.argv)
+    link_installed(tree)
+    print(tree)

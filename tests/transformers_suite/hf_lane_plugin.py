@@ -92,9 +92,9 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     state = getattr(item, "_hf_lane_state", None)
     if report.when == "call" and state is not None:
-        report.user_properties.append(("routed_calls", state["calls"]))
+        item.user_properties.append(("routed_calls", state["calls"]))  # junitxml writes the item's at teardown
         for refusal in state["refusals"][:1]:
-            report.user_properties.append(("refusal", refusal))
+            item.user_properties.append(("first_exception", refusal))
     config = item.config
     if (
         report.failed

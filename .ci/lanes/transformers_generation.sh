@@ -35,8 +35,8 @@ if [ "${KEEP_VENV:-0}" != "1" ] || [ ! -x "$venv/bin/python" ]; then
   if [ "$version" != "$installed" ]; then
     "$venv/bin/python" -m pip install -q "transformers==$version"
   fi
-  # what transformers' test tree imports (its root conftest registers xdist hooks; pipelines import datasets)
-  "$venv/bin/python" -m pip install -q "pytest>=7.4" parameterized pytest-xdist pytest-timeout datasets "tokenizers>=0.19"
+  # what transformers' test tree imports (its root conftest registers xdist hooks; pipelines import datasets; OPT imports timeout_decorator)
+  "$venv/bin/python" -m pip install -q "pytest>=7.4" parameterized pytest-xdist pytest-timeout timeout-decorator datasets "tokenizers>=0.19"
 fi
 "$venv/bin/python" -c "import torch, transformers; print(f'torch {torch.__version__}, transformers {transformers.__version__}')"
 

@@ -3,7 +3,7 @@
 
 Every case derives from `(seed, index)` alone (`draw_case`), so a failing case is replayed with
 
-    PYTHONPATH=. python -c "import sys; sys.path.insert(0, 'tests'); import dropin_fuzz; dropin_fuzz.replay(SEED, INDEX)"
+    PYTHONPATH=. python -c "import sys; sys.path.insert(0, 'tests'); import dropin_fuzz; dropin_fuzz.replay(S, I)"
 
 and `describe(case)` prints the call as a transformers user would write it.
 
@@ -338,7 +338,9 @@ def models_for(case: Case):
 
 @dataclass
 class Outcome:
-    verdict: str  # pass | documented_refusal | both_raise | package_lenient | undocumented_refusal | crash | mismatch | drafter_ignored
+    # pass | documented_refusal | both_raise | package_lenient (passes); undocumented_refusal | crash | mismatch |
+    # drafter_ignored (failures)
+    verdict: str
     detail: str = ""
 
     @property
@@ -381,7 +383,9 @@ def run_case(case: Case) -> Outcome:
     except Exception as error:  # noqa: BLE001
         message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         if reference_error is not None:
-            return Outcome("both_raise", f"{message} | transformers: {type(reference_error).__name__}: {reference_error}"[:400])
+            return Outcome(
+                "both_raise", f"{message} | transformers: {type(reference_error).__name__}: {reference_error}"[:400]
+            )
         reason = documented_reason(error)
         if reason is not None:
             return Outcome("documented_refusal", f"{message} ({reason})")
@@ -390,10 +394,14 @@ def run_case(case: Case) -> Outcome:
         where = traceback.extract_tb(error.__traceback__)[-1]
         return Outcome("crash", f"{message} [at {Path(where.filename).name}:{where.lineno} in {where.name}]")
     if reference_error is not None:
-        return Outcome("package_lenient", f"transformers raised {type(reference_error).__name__}: {reference_error}"[:300])
+        return Outcome(
+            "package_lenient", f"transformers raised {type(reference_error).__name__}: {reference_error}"[:300]
+        )
     stats = target.generate.last_stats
     if case.drafting and (stats is None or stats.drafter == "none"):
-        return Outcome("drafter_ignored", f"drafting was asked for but stats.drafter={getattr(stats, 'drafter', None)!r}")
+        return Outcome(
+            "drafter_ignored", f"drafting was asked for but stats.drafter={getattr(stats, 'drafter', None)!r}"
+        )
     ours, theirs = _sequences(got), _sequences(expected)
     if type(got).__name__ != type(expected).__name__ and not (
         isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)
@@ -404,7 +412,9 @@ def run_case(case: Case) -> Outcome:
             return Outcome("mismatch", f"sequences differ: package {ours.tolist()} vs transformers {theirs.tolist()}")
         return Outcome("pass")
     if ours.shape[0] != theirs.shape[0] or (not case.can_stop_early and ours.shape != theirs.shape):
-        return Outcome("mismatch", f"sampled shapes differ: package {tuple(ours.shape)} vs transformers {tuple(theirs.shape)}")
+        return Outcome(
+            "mismatch", f"sampled shapes differ: package {tuple(ours.shape)} vs transformers {tuple(theirs.shape)}"
+        )
     return Outcome("pass")
 
 
@@ -429,7 +439,8 @@ def describe(case: Case) -> str:
         arguments.append(f"generation_config=GenerationConfig({inner})")
     if case.criteria:
         built = ", ".join(
-            f"MaxLengthCriteria(max_length={v})" if k == "max_length" else f"EosTokenCriteria({v})" for k, v in case.criteria
+            f"MaxLengthCriteria(max_length={v})" if k == "max_length" else f"EosTokenCriteria({v})"
+            for k, v in case.criteria
         )
         arguments.append(f"stopping_criteria=StoppingCriteriaList([{built}])")
     if case.stop_strings:
@@ -471,7 +482,9 @@ def failure_class(case: Case, outcome: Outcome) -> str:
             tags.append("batch")
         return f"mismatch [{', '.join(tags) or 'other'}]"
     if outcome.verdict == "drafter_ignored":
-        routes = [name for name in ("prompt_lookup_num_tokens", "assistant_early_exit") if name in case.model_config_fields]
+        routes = [
+            name for name in ("prompt_lookup_num_tokens", "assistant_early_exit") if name in case.model_config_fields
+        ]
         return f"drafter_ignored [model.generation_config: {', '.join(routes) or '?'}]"
     if "max_new_tokens is required" in outcome.detail:
         return f"{outcome.verdict}: {detail[:100]} [length: {case.length_kind}]"

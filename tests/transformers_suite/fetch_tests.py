@@ -108,7 +108,9 @@ def from_git_clone(version: str, staging: Path) -> dict:
         checkout = Path(work) / "transformers"
         environment = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
         subprocess.run([*clone, str(checkout)], check=True, timeout=120, env=environment, capture_output=True)
-        subprocess.run(["git", "-C", str(checkout), "sparse-checkout", "set", "tests", "utils", "src/transformers"], check=True)
+        subprocess.run(
+            ["git", "-C", str(checkout), "sparse-checkout", "set", "tests", "utils", "src/transformers"], check=True
+        )
         _copy_checkout(checkout, staging)
     return {"source": "git-clone", "ref": f"{UPSTREAM}@{tag}"}
 

@@ -67,8 +67,9 @@ def _hf_lane_route(request, monkeypatch):
     if request.config.getoption("--hf-lane-mode") != "routed":
         yield
         return
-    import assisted_backends
     from transformers.generation.utils import GenerationMixin
+
+    import assisted_backends
 
     original = GenerationMixin.generate
 

@@ -80,11 +80,15 @@ def render(runs: list[dict], tree: Path | None = None) -> str:
         provenance = json.loads((tree / "PROVENANCE.json").read_text())
         lines.append(
             f"Test tree: transformers {provenance.get('tests_declared_version')} tests "
-            f"({provenance.get('source')}), run against installed transformers {provenance.get('installed_transformers')}."
+            f"({provenance.get('source')}), run against installed transformers "
+            f"{provenance.get('installed_transformers')}."
         )
         lines.append("")
-    lines.append("| model | plain: passed / failed / errors / skipped | routed: passed / failed / errors / xfail (documented refusal) / skipped | routed generate calls | time plain / routed |")
-    lines.append("|---|---|---|---|---|")
+    lines.append(
+        "| model | plain: passed / failed / errors / skipped | routed: passed / failed / errors / xfail (documented "
+        "refusal) / skipped | routed passes that called generate | routed generate calls | time plain / routed |"
+    )
+    lines.append("|---|---|---|---|---|---|")
     causes = defaultdict(list)
     baseline = defaultdict(list)
     for model, modes in by_model.items():
@@ -99,37 +103,69 @@ def render(runs: list[dict], tree: Path | None = None) -> str:
                 cells.append(f"{tally['passed']} / {tally['failed']} / {tally['error']} / {tally['skipped']}")
             else:
                 cells.append(
-                    f"{tally['passed']} / {tally['failed']} / {tally['error']} / {tally['xfailed']} / {tally['skipped']}"
+                    f"{tally['passed']} / {tally['failed']} / {tally['error']} / {tally['xfailed']} / "
+                    f"{tally['skipped']}"
                 )
         routed = modes.get("routed")
-        calls = sum(int(c["properties"].get("routed_calls", 0)) for c in cases(routed["xml"])) if routed else 0
+        routed_cases = cases(routed["xml"]) if routed else []
+        calls = sum(int(c["properties"].get("routed_calls", 0)) for c in routed_cases)
+        exercised = sum(
+            1 for c in routed_cases if c["outcome"] == "passed" and int(c["properties"].get("routed_calls", 0))
+        )
         times = " / ".join(f"{modes[m]['seconds']:.0f}s" if m in modes else "—" for m in ("plain", "routed"))
-        lines.append(f"| {model} | {cells[0]} | {cells[1]} | {calls} | {times} |")
+        lines.append(f"| {model} | {cells[0]} | {cells[1]} | {exercised} | {calls} | {times} |")
         plain_outcomes = {c["name"]: c["outcome"] for c in cases(modes["plain"]["xml"])} if "plain" in modes else {}
         for case in cases(routed["xml"]) if routed else []:
             if case["outcome"] in ("failed", "error"):
-                also = " (fails without the package too)" if plain_outcomes.get(case["name"]) in ("failed", "error") else ""
+                also = (
+                    " (fails without the package too)"
+                    if plain_outcomes.get(case["name"]) in ("failed", "error")
+                    else ""
+                )
                 causes[(feature(case["name"]), _normalise(case["message"]) + also)].append((model, case["name"]))
         for case in cases(modes["plain"]["xml"]) if "plain" in modes else []:
             if case["outcome"] in ("failed", "error"):
                 baseline[_normalise(case["message"])].append((model, case["name"]))
-    lines += ["", "## Routed failures by cause", "", "| feature | count | exception (first line) | tests (model: test) |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "## Routed failures by cause",
+        "",
+        "| feature | count | exception (first line) | tests (model: test) |",
+        "|---|---|---|---|",
+    ]
     for (label, message), where in sorted(causes.items(), key=lambda item: (item[0][0], -len(item[1]))):
         tests = sorted({name for _, name in where})
         models = sorted({model for model, _ in where})
         shown = ", ".join(tests[:4]) + (f", … ({len(tests)} tests)" if len(tests) > 4 else "")
         lines.append(f"| {label} | {len(where)} | `{message.replace('|', '/')}` | {', '.join(models)}: {shown} |")
     if baseline:
-        lines += ["", "## Failures without the package (baseline)", "", "| count | exception | tests |", "|---|---|---|"]
+        lines += [
+            "",
+            "## Failures without the package (baseline)",
+            "",
+            "| count | exception | tests |",
+            "|---|---|---|",
+        ]
         for message, where in sorted(baseline.items(), key=lambda item: -len(item[1])):
-            lines.append(f"| {len(where)} | `{message.replace('|', '/')}` | {', '.join(sorted({f'{m}: {t}' for m, t in where}))} |")
+            lines.append(
+                f"| {len(where)} | `{message.replace('|', '/')}` | "
+                f"{', '.join(sorted({f'{m}: {t}' for m, t in where}))} |"
+            )
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # summarize.py OUT_DIR: re-render from existing XML files
+if (
+    __name__ == "__main__"
+):  # summarize.py OUT_DIR [LANE_LOG]: re-render from existing XML files (+ run_lane's log for times)
     out = Path(sys.argv[1])
+    seconds = {}
+    if len(sys.argv) > 2:
+        for line in Path(sys.argv[2]).read_text().splitlines():
+            found = re.match(r"^(\S+)\s+(plain|routed)\s+exit \d+ in\s+([\d.]+)s", line)
+            if found:
+                seconds[(found.group(1), found.group(2))] = float(found.group(3))
     runs = []
     for xml in sorted(out.glob("*-*.xml")):
         model, mode = xml.stem.rsplit("-", 1)
-        runs.append(dict(model=model, mode=mode, xml=xml, status=None, seconds=0.0))
+        runs.append(dict(model=model, mode=mode, xml=xml, status=None, seconds=seconds.get((model, mode), 0.0)))
     print(render(runs))

@@ -150,6 +150,19 @@ def from_local(source: str, staging: Path) -> dict:
     return {"source": "git-directory", "ref": f"{path}@{commit}"}
 
 
+def _checked(tree: Path, version: str) -> Path:
+    """`tree`, when its tests are those of `version` (else the mismatch is an error: tests of another release
+    test another API; HF_LANE_ALLOW_MISMATCH=1 runs them anyway)."""
+    declared = json.loads((tree / "PROVENANCE.json").read_text(encoding="utf-8")).get("tests_declared_version")
+    if declared != version and os.environ.get("HF_LANE_ALLOW_MISMATCH") != "1":
+        raise SystemExit(
+            f"{tree} holds the tests of transformers {declared}, not {version}: seed it with the v{version} tree "
+            "(fetch_tests.py --refresh with TRANSFORMERS_TESTS_SRC / TRANSFORMERS_TESTS_REF), run the lane with "
+            f"HF_LANE_TRANSFORMERS={declared}, or set HF_LANE_ALLOW_MISMATCH=1"
+        )
+    return tree
+
+
 def link_installed(tree: Path) -> None:
     """Point the tree's `src/transformers` at the installed transformers: tests that read the sources
     (`direct_transformers_import(<repo>/src/transformers)`, pipelines) then see the code under test."""
@@ -167,7 +180,7 @@ def fetch(version: str | None = None, refresh: bool = False) -> Path:
     version = version or installed_version()
     dest = cache_root() / "transformers-tests" / version
     if (dest / "PROVENANCE.json").exists() and not refresh:
-        return dest
+        return _checked(dest, version)
     attempts = [("PyPI sdist", lambda s: from_sdist(version, s)), ("git clone", lambda s: from_git_clone(version, s))]
     if os.environ.get("TRANSFORMERS_TESTS_SRC"):
         attempts.insert(0, ("TRANSFORMERS_TESTS_SRC", lambda s: from_local(os.environ["TRANSFORMERS_TESTS_SRC"], s)))
@@ -176,7 +189,7 @@ def fetch(version: str | None = None, refresh: bool = False) -> Path:
         staging = Path(tempfile.mkdtemp(prefix="hf-tests-"))
         try:
             provenance = attempt(staging)
-            return _finish(staging, dest, provenance)
+            return _checked(_finish(staging, dest, provenance), version)
         except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as error:
             detail = getattr(error, "stderr", None)
             detail = detail.decode(errors="replace").strip()[-300:] if isinstance(detail, bytes) else ""

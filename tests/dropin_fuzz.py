@@ -446,8 +446,9 @@ def describe(case: Case) -> str:
     if case.stop_strings:
         arguments.append(f"stop_strings={case.stop_strings!r}, tokenizer=dropin_fuzz.char_tokenizer()")
     if case.draft is not None:
-        extra = f"  # {_position_key(case.arch)}={SHORT_POSITIONS}" if case.draft == "short" else ""
-        arguments.append(f"assistant_model=dropin_fuzz.draft_model({case.arch!r}, {case.draft!r}){extra}")
+        arguments.append(f"assistant_model=dropin_fuzz.draft_model({case.arch!r}, {case.draft!r})")
+        if case.draft == "short":
+            lines.append(f"# the draft has {_position_key(case.arch)}={SHORT_POSITIONS}")
     lines.append("torch.manual_seed(1234)")
     lines.append("model.generate(" + ", ".join(arguments) + ")")
     lines.append(

@@ -115,6 +115,10 @@ def returned_cache(output):
     return None
 
 
+# The position id `model.generate` gives masked columns when it derives positions from the mask.
+MASKED_POSITION_ID = 0 if _TRANSFORMERS_VERSION >= (5, 0) else 1
+
+
 def dtype_kwargs(dtype: torch.dtype | None) -> dict[str, torch.dtype]:
     """The keyword `from_pretrained` takes a dtype under: `dtype` from transformers 4.56, `torch_dtype` before."""
     if dtype is None:

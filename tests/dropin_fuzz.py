@@ -59,21 +59,42 @@ DEFAULT_SEED = 20_240_601
 DOCUMENTED_REFUSALS: tuple[tuple[type, str, str], ...] = (
     (
         NotImplementedError,
-        r"^output_(scores|logits|attentions|hidden_states)=True is not supported by assisted_backends",
-        "per-step scores / logits are not returned: the drop-in returns sequences only (documented in "
-        "transformers_integration)",
+        r"^output_(attentions|hidden_states)=True is not supported by assisted_backends",
+        "attention weights and hidden states are not returned (README, drop-in section)",
     ),
     (
         ValueError,
         r"^generation_config\.num_beams=\d+ is not supported: beam search",
-        "beam search is not supported (core.generation_options.REFUSED)",
-    ),
-    (
-        NotImplementedError,
-        r"^model\.generate\(logits_processor=\.\.\.\) under assisted_backends\.enable: custom logits processors",
-        "custom logits_processor objects are not supported; their GenerationConfig fields are",
+        "beam search is not supported (options.fields.REFUSED)",
     ),
 )
+
+
+# Calls whose tokens the package deliberately gives differently from transformers (README, drop-in section):
+# a batch with stop strings and no EOS id. transformers pads a finished row only when an EOS criterion exists,
+# so a row that matched a stop string goes on generating until every row has matched; the package ends each
+# row at its own stop string, as `model.generate` on that prompt alone does.
+def documented_difference(case: Case) -> str | None:
+    """Why the package's tokens may differ from transformers' batched generate for `case` (None: they may not)."""
+    if len(case.prompt) < 2:
+        return None
+    eos_given = any(kind == "eos" for kind, _ in case.criteria) or _eos_set(case)
+    if case.stop_strings and not eos_given:
+        return "a batch with stop strings and no EOS: each row ends at its own stop string"
+    fields = {**case.kwargs, **(case.config_fields or {}), **case.model_config_fields}
+    padded = case.mask is not None and any(0 in row for row in case.mask)
+    if padded and ({"min_length", "no_repeat_ngram_size"} & set(fields)):
+        return "a left-padded batch: each row's processors see its own prompt (min_length, n-grams), as alone"
+    return None
+
+
+def _eos_set(case: Case) -> bool:
+    for fields in (case.kwargs, case.config_fields or {}, case.model_config_fields):
+        if fields.get("eos_token_id") not in (None, []):
+            return True
+    return "eos_token_id" not in {**case.kwargs, **(case.config_fields or {}), **case.model_config_fields} and (
+        base_model(case.arch).generation_config.eos_token_id is not None
+    )
 
 
 # ----------------------------------------------------------------------------------------------- models
@@ -338,7 +359,8 @@ def models_for(case: Case):
 
 @dataclass
 class Outcome:
-    # pass | documented_refusal | both_raise | package_lenient (passes); undocumented_refusal | crash | mismatch |
+    # pass | documented_refusal | documented_difference | both_raise | package_lenient (passes);
+    # undocumented_refusal | crash | mismatch |
     # drafter_ignored (failures)
     verdict: str
     detail: str = ""
@@ -346,6 +368,24 @@ class Outcome:
     @property
     def failed(self) -> bool:
         return self.verdict in ("undocumented_refusal", "crash", "mismatch", "drafter_ignored")
+
+
+def _compare_steps(name: str, ours, theirs) -> str | None:
+    """`scores` / `logits` per generated step: the same count, and the same values where the package has them
+    (NaN: a row that had ended; the verify pass's fp32 matmul may differ from a one-token step in the last bits)."""
+    if (ours is None) != (theirs is None):
+        counts = ["none" if steps is None else len(steps) for steps in (ours, theirs)]
+        return f"{name}: package {counts[0]} vs transformers {counts[1]}"
+    if ours is None:
+        return None
+    if len(ours) != len(theirs):
+        return f"{name}: {len(ours)} steps vs transformers' {len(theirs)}"
+    for step, (a, b) in enumerate(zip(ours, theirs)):
+        known = ~torch.isnan(a)
+        if a.shape != b.shape or not torch.allclose(a[known], b.to(a.dtype)[known], atol=2e-3, rtol=1e-3):
+            largest = float((a[known] - b[known]).abs().nan_to_num().max())
+            return f"{name}: step {step} differs (max |difference| {largest:.2e})"
+    return None
 
 
 def _raised_by_package(error: BaseException) -> bool:
@@ -409,7 +449,15 @@ def run_case(case: Case) -> Outcome:
         return Outcome("mismatch", f"return type {type(got).__name__} != transformers' {type(expected).__name__}")
     if case.mode in ("greedy", "point_mass"):
         if ours.shape != theirs.shape or not torch.equal(ours, theirs):
+            difference = documented_difference(case)
+            if difference is not None:
+                return Outcome("documented_difference", difference)
             return Outcome("mismatch", f"sequences differ: package {ours.tolist()} vs transformers {theirs.tolist()}")
+        for name in ("scores", "logits"):
+            problem = _compare_steps(name, getattr(got, name, None), getattr(expected, name, None))
+            if problem is not None:
+                difference = documented_difference(case) if name == "scores" else None
+                return Outcome("documented_difference", difference) if difference else Outcome("mismatch", problem)
         return Outcome("pass")
     if ours.shape[0] != theirs.shape[0] or (not case.can_stop_early and ours.shape != theirs.shape):
         return Outcome(

@@ -71,11 +71,13 @@ def test_different_vocabularies_without_tokenizers(target):
         generate(target, random_prompt(3, 0), assistant_model=draft, max_new_tokens=2)
 
 
-def test_batch_mask_with_a_hole(target):
-    prompt = torch.ones((2, 4), dtype=torch.long)
+def test_batch_mask_with_a_hole_is_served_as_model_generate_serves_it(target):
+    prompt = torch.arange(8).reshape(2, 4) + 3
     mask = torch.tensor([[0, 1, 1, 1], [1, 0, 1, 1]])
-    with pytest.raises(ValueError, match="attention_mask must be left padding only.*padding_side = 'left'"):
-        generate(target, prompt, attention_mask=mask, max_new_tokens=2)
+    with torch.inference_mode():
+        expected = target.generate(prompt, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    got = generate(target, prompt, attention_mask=mask, max_new_tokens=4, pad_token_id=0, assistant_model=target)
+    assert torch.equal(got.sequences, expected)
 
 
 def test_empty_batch(target):

@@ -369,12 +369,15 @@ def test_training_mode_is_restored_and_calls_stay_exact():
     assert not model.training
 
 
-def test_pad_tokens_inside_the_prompt_warn_and_are_attended():
+def test_pad_tokens_inside_the_prompt_are_masked_as_model_generate_masks_them():
     model = target("opt")  # pad_token_id 1
     prompt = torch.tensor([[5, 9, 1, 7, 1, 3]])
-    with pytest.warns(UserWarning, match="holds pad_token_id=1 after its first real token"):
-        result = generate(model, prompt, max_new_tokens=NEW)
-    assert torch.equal(result.sequences, reference(model, prompt, max_new_tokens=NEW, do_sample=False))
+    with torch.inference_mode():
+        expected = model.generate(prompt, max_new_tokens=NEW, do_sample=False)  # it infers the mask from pad tokens
+    attended = reference(model, prompt, max_new_tokens=NEW, do_sample=False)  # `reference` passes a mask of ones
+    assert not torch.equal(expected, attended), "masking the pad tokens must change the tokens here"
+    for drafting in ({}, {"prompt_lookup_num_tokens": 2}, {"assistant_model": model, "num_assistant_tokens": 2}):
+        assert torch.equal(generate(model, prompt, max_new_tokens=NEW, **drafting).sequences, expected), drafting
 
 
 def test_dtype_is_kept_without_a_dtype_argument():

@@ -95,15 +95,10 @@ def tiny_model(
 
 
 def reference_greedy(model: PreTrainedModel, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """The target's own plain greedy `model.generate` (the identity reference)."""
+    """The target's own plain greedy `model.generate` on the same arguments as the package's call (the identity
+    reference): no mask given, so a pad token inside the prompt (OPT's is 1) is masked out, as both infer."""
     with torch.inference_mode():
-        return model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=0,
-        )
+        return model.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False)
 
 
 def noisy_copy(model: PreTrainedModel, seed: int, scale: float) -> PreTrainedModel:

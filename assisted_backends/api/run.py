@@ -89,8 +89,9 @@ def run(
         )  # fmt: skip
         row_processors = None
         if len(options.user_pad) > 1:
+            config_limit = options.config.max_length - options.input_ids.shape[1]  # the config's, not a criterion's
             row_processors = row_logits_processors(
-                model, options.config, options.input_ids, options.user_pad, options.max_new_tokens, device, custom
+                model, options.config, options.input_ids, options.user_pad, config_limit, device, custom
             )
         schedule = plan.schedule.build() if drafter is not None else None
         stats = GenerationStats(

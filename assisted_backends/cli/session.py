@@ -18,8 +18,9 @@ from assisted_backends.cli.errors import CLIError
 from assisted_backends.cli.loading import default_assistant
 from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
 from assisted_backends.distributed import launch as distributed
-from assisted_backends.loading.models import load_model, load_tokenizer
+from assisted_backends.loading.models import load_model, load_tokenizer, saved_generation_config
 
+SAVED_DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit")  # a checkpoint may ask for these itself
 SMOKE_NOTICE = (
     "note: using a SMOKE demo pair ({target} target, {draft} draft, a few training steps on a small text sample): "
     "it writes noise; it exists for tests and CI"
@@ -140,6 +141,11 @@ def _pick_models(args: argparse.Namespace, notices: list[str]) -> tuple[str, str
         return str(pair.target_dir), draft, str(pair.held_out_text)
     wants_draft_model = not (args.no_assisted or args.prompt_lookup or args.assistant_early_exit)
     if not wants_draft_model:
+        return args.model, None, None
+    saved = saved_generation_config(args.model, "-m/--model")
+    if args.assistant_model is None and any(saved.get(field) for field in SAVED_DRAFTING):
+        notices.append("note: drafting as the model's generation_config.json asks (" + ", ".join(
+            f"{field}={saved[field]}" for field in SAVED_DRAFTING if saved.get(field)) + ")")  # fmt: skip
         return args.model, None, None
     if args.assistant_model is not None:
         return args.model, args.assistant_model, None

@@ -74,7 +74,15 @@ class ModelRunner:
             kwargs.update(given)
         if self._pass_cache_position:
             kwargs["cache_position"] = cache_position
-        cache, mask = hf_compat.model_inputs(self.layout.cache, self.layout.attention_mask(query_length), query_length)
+        mask = self.layout.attention_mask(query_length)
+        holes = (
+            self.inputs_from.holes(mask.shape[1] if mask is not None else start + query_length)
+            if self.inputs_from
+            else None
+        )
+        if holes is not None:  # masked columns inside rows, as well as each row's left padding
+            mask = holes if mask is None else mask * holes
+        cache, mask = hf_compat.model_inputs(self.layout.cache, mask, query_length)
         checking = last_only and self.head is not None and self.head.checked() is None
         capture = self.head.capture(skip=hidden_only) if (hidden_only or checking) else nullcontext()
         with torch.inference_mode(), capture:

@@ -26,8 +26,9 @@ class TokenBuffer:
     (`engine.realign`); `caller_rows[b]` is the caller's index of the row at batch position b, `results`
     the new tokens of rows that finished (by the caller's index). The last `filler_rows` rows only fill a
     batch up to its bucket (static shapes): copies of row 0 that are never read.
-    `columns`: forward inputs given per prompt column (`token_type_ids`, `position_ids`) [B, capacity],
-    continued past the prompt as `model.generate` continues them (the last type repeated, positions + 1).
+    `columns`: inputs given per prompt column (`token_type_ids`, `position_ids`, and an `attention_mask` with
+    holes) [B, capacity], continued past the prompt as `model.generate` continues them (the last type repeated,
+    positions + 1, new columns attended).
     """
 
     def __init__(
@@ -73,8 +74,16 @@ class TokenBuffer:
         return torch.tensor(self.pad, device=self.ids.device)
 
     def column_inputs(self, start: int, end: int) -> dict[str, torch.Tensor]:
-        """The per-column forward inputs of columns [start, end) ([B, end − start] each)."""
-        return {name: table[:, start:end] for name, table in self.columns.items()}
+        """The per-column forward inputs of columns [start, end) ([B, end − start] each), the mask excepted."""
+        return {name: table[:, start:end] for name, table in self.columns.items() if name != "attention_mask"}
+
+    def holes(self, width: int) -> torch.Tensor | None:
+        """[B, width] 0 where a column inside a row is masked (a mask with holes), else None."""
+        table = self.columns.get("attention_mask")
+        if table is None:
+            return None
+        extra = width - table.shape[1]  # a static cache rounds the capacity up to its bucket: attended
+        return table[:, :width] if extra <= 0 else torch.nn.functional.pad(table, (0, extra), value=1)
 
     def row_tokens(self, position: int, end: int, count: int) -> torch.Tensor:
         """[count] the last `count` tokens of the row at batch `position` that end before column `end`."""
@@ -118,9 +127,14 @@ class OneRowView(TokenBuffer):
 
 def _continued(name: str, given: torch.Tensor, capacity: int) -> torch.Tensor:
     """[B, capacity]: `given` [B, P], then what `model.generate` feeds after it: the last token type again,
-    or the last position + 1, + 2, ..."""
+    the last position + 1, + 2, ..., or attended columns."""
     batch, prompt_length = given.shape
     steps = torch.arange(1, capacity - prompt_length + 1, device=given.device)[None, :]  # [1, capacity − P]
     last = given[:, -1:]
-    tail = last + steps if name == "position_ids" else last.expand(batch, capacity - prompt_length)
+    if name == "position_ids":
+        tail = last + steps
+    elif name == "attention_mask":
+        tail = torch.ones_like(steps).expand(batch, -1)
+    else:
+        tail = last.expand(batch, capacity - prompt_length)
     return torch.cat([given, tail.to(given.dtype)], dim=1)

@@ -8,6 +8,7 @@ the Hub is reachable (never when `HF_HUB_OFFLINE=1`). Every failure is one line 
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 
@@ -76,6 +77,12 @@ def model_type(name: str, what: str = "model") -> str:
         return AutoConfig.from_pretrained(resolved, local_files_only=Path(resolved).is_dir()).model_type
     except OSError:
         raise _offline(name, what) from None
+
+
+def saved_generation_config(name: str | os.PathLike, what: str = "model") -> dict:
+    """The fields of a local model's `generation_config.json` ({} for a Hub id or a model without one)."""
+    path = Path(resolve(str(name), what)) / "generation_config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def load_arguments(model, assistant_model, tokenizer, assistant_tokenizer) -> tuple:

@@ -1,12 +1,11 @@
 """The prompt as `model.generate` reads it: ids, attention mask, left padding, the BOS start.
 
 Without these checks a token id past the vocabulary would surface as an IndexError deep inside the
-embedding and a mask with holes would be attended silently; each gets one line naming the argument.
+embedding; each gets one line naming the argument. Masks with holes (right padding, pad tokens inside a
+prompt) are served as `model.generate` serves them: the masked columns are never attended.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 
@@ -49,7 +48,8 @@ def check_token_ids(input_ids, vocabulary: int | None) -> None:
 
 
 def validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, list[int]]:
-    """Return input_ids as [B, P] long and each row's number of left-padding positions."""
+    """Return input_ids as [B, P] long and each row's number of left-padding positions (its leading masked
+    columns; masked columns after a row's first token, right padding included, are holes: `has_holes`)."""
     if not isinstance(input_ids, torch.Tensor):
         raise OptionTypeError(
             f"{{name}} must be a torch.LongTensor of shape [batch, length], got {type(input_ids).__name__}", name=IDS
@@ -78,14 +78,6 @@ def validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, list[int]]
         )
     mask = attention_mask.bool()
     pads = (~mask).long().cumprod(dim=1).sum(dim=1)  # [B] leading zeros
-    columns = torch.arange(mask.shape[1])[None, :]
-    if not bool((mask | (columns < pads[:, None])).all()):
-        raise OptionError(
-            "{name} must be left padding only (zeros, then ones in every row); got zeros after a one: "
-            "tokenize with tokenizer.padding_side = 'left' (right padding is not served: a rolled-back cache "
-            "keeps every row's tokens contiguous)",
-            name=MASK,
-        )
     if bool((pads == mask.shape[1]).any()):
         row = int((pads == mask.shape[1]).nonzero()[0, 0])
         raise OptionError(f"{{name}} masks every token of row {row}: each prompt needs at least one real token",
@@ -105,23 +97,17 @@ def inferred_attention_mask(input_ids: torch.Tensor, pad_id: int | None, eos_ids
     return input_ids.ne(pad_id).long()
 
 
-def inferred_left_padding(input_ids, pad_id: int | None, eos_ids: list[int] | None):
-    """The inferred mask when it is left padding; a warning (and no mask) when it has holes."""
-    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1:
-        input_ids = input_ids[None]
-    mask = inferred_attention_mask(input_ids, pad_id, eos_ids)
-    if mask is None:
-        return mask
-    real = mask.bool()
-    lead = (~real).long().cumprod(dim=1).sum(dim=1)  # [B]
-    columns = torch.arange(real.shape[1])[None, :]
-    if bool((real | (columns < lead[:, None])).all()) and bool((lead < real.shape[1]).all()):
-        return mask
-    warnings.warn(
-        f"input_ids holds pad_token_id={pad_id} after its first real token (or only pad tokens): model.generate "
-        "would mask those positions out, which this package cannot do; every position is attended. Pass "
-        "attention_mask explicitly to silence this (ones to attend to them)",
-        UserWarning,
-        stacklevel=3,
-    )
-    return None
+def has_holes(attention_mask: torch.Tensor | None, pads: list[int]) -> bool:
+    """Whether the mask masks a column after some row's first attended one (right padding, pad tokens inside)."""
+    if attention_mask is None:
+        return False
+    mask = attention_mask.reshape(len(pads), -1).bool()
+    columns = torch.arange(mask.shape[1])[None, :]
+    return not bool((mask | (columns < torch.tensor(pads)[:, None])).all())
+
+
+def positions_from_mask(attention_mask: torch.Tensor, masked_value: int) -> torch.Tensor:
+    """[B, P] the position ids `model.generate` derives from a mask: attended columns count 0, 1, 2, ...;
+    masked columns get `masked_value` (`hf_compat.MASKED_POSITION_ID`)."""
+    mask = attention_mask.long()
+    return (mask.cumsum(dim=-1) - 1).masked_fill(mask == 0, masked_value)

@@ -218,9 +218,14 @@ def resolve(
         attention_mask = None
     eos_ids, pad_id = special_tokens(model, config, attention_mask is not None, torch.device("cpu"))
     if attention_mask is None:
-        attention_mask = prompt.inferred_left_padding(input_ids, pad_id, eos_ids)
+        attention_mask = prompt.inferred_attention_mask(input_ids, pad_id, eos_ids)
     prompt.check_token_ids(input_ids, facts.input_vocab_size)
     input_ids, user_pad = prompt.validate_prompt(input_ids, attention_mask)
+    if prompt.has_holes(attention_mask, user_pad):  # masked columns inside rows: mask and positions per column
+        mask = attention_mask.reshape(input_ids.shape).long()
+        column_inputs = {"attention_mask": mask, **column_inputs}
+        if "position_ids" not in column_inputs and hf_compat.forward_accepts(model, "position_ids"):
+            column_inputs["position_ids"] = prompt.positions_from_mask(mask, hf_compat.MASKED_POSITION_ID)
     prompt_length = input_ids.shape[1]
     length_set = user_set("max_length", explicit, generation_config, own) is not None
     config_limit, by_default = _config_limit(config, length_set, prompt_length, facts)

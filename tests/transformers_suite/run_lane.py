@@ -53,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=None, help="write the markdown table here too")
     parser.add_argument("pytest_args", nargs="*")
     args = parser.parse_args(argv)
-    tree = fetch_tests.fetch()
+    try:
+        tree = fetch_tests.fetch()
+    except SystemExit as unavailable:  # CI machines reach package registries only, which lack the test tree
+        if os.environ.get("HF_LANE_REQUIRED") == "1":
+            raise
+        print(f"SKIPPED: transformers' test tree is not reachable here ({unavailable}); HF_LANE_REQUIRED=1 fails instead")
+        return 0
     fetch_tests.link_installed(tree)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

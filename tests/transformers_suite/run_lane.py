@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as unavailable:  # CI machines reach package registries only, which lack the test tree
         if os.environ.get("HF_LANE_REQUIRED") == "1":
             raise
-        print(f"SKIPPED: transformers' test tree is not reachable here ({unavailable}); HF_LANE_REQUIRED=1 fails instead")
+        print(
+            f"SKIPPED: transformers' test tree is not reachable here ({unavailable}); HF_LANE_REQUIRED=1 fails instead"
+        )
         return 0
     fetch_tests.link_installed(tree)
     out = Path(args.out)

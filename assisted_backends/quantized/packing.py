@@ -17,7 +17,7 @@ the zeros are chosen per group, among the exact splittings, to land nearest thei
     O = −c0·S (a code offset):  target w' = S'·(c − c0), exact in the stored form whenever the zeros
                                  (8 − c0)·S' (one plane) or a two-term split of (136 − c0)·S' are
                                  representable (c0 = 8, 16, 128 are; see `_plane_zeros`).
-    O free:                      target zero sum = 8·S + O (one plane; 136·S + O for two), rounded.
+    O free:                      zeros rounded, centred on the middle code (`zero_target`).
 """
 
 from __future__ import annotations
@@ -137,6 +137,25 @@ def _plane_zeros(
     return torch.where(first, lo_a, lo_b), torch.where(first, hi_a, hi_b)
 
 
+def zero_target(
+    scales: torch.Tensor, offsets: torch.Tensor | None, code_offset: int | None, bits: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(stored scales S' in `dtype`, target zero sum Z* in float64 [N, G], code of zero error c_ref).
+
+    w' − w = (S' − S)·(c − c_ref) + (Z' − Z*) where Z' is the sum of the stored zeros and
+    Z* = P·S' + O − (S' − S)·c_ref, P = 8 (one plane) or 136 (two). c_ref = c0 for O = −c0·S (then
+    Z* = (P − c0)·S', a multiple of S'), else the middle code 2^(bits−1).
+    """
+    stored = scales.to(dtype)
+    new, old = stored.double(), scales.double()
+    planes = 1 if bits <= 4 else 2
+    base = 8.0 if planes == 1 else 136.0
+    if code_offset is not None:
+        return stored, (base - code_offset) * new, code_offset
+    reference_code = 2 ** (bits - 1)
+    return stored, base * new + offsets.double() - (new - old) * reference_code, reference_code
+
+
 def int4_from_codes(
     codes: torch.Tensor,
     scales: torch.Tensor,
@@ -152,24 +171,14 @@ def int4_from_codes(
     """
     if not 1 <= bits <= 8:
         raise ValueError(f"codes of {bits} bits do not fit two int4 planes")
-    n, k = codes.shape
-    stored_scale = scales.to(dtype)
-    s_new = stored_scale.double()
-    if code_offset is not None:
-        base = -code_offset * s_new  # O' = −c0·S': the stored form is exactly S'·(c − c0) when zeros are exact
-    else:
-        base = offsets.double() + 0 * s_new
+    k = codes.shape[1]
+    stored_scale, target, _ = zero_target(scales, offsets, code_offset, bits, dtype)
     if bits <= 4:
-        target = 8.0 * (s_new if code_offset is not None else scales.double()) + base
-        zeros = target.to(dtype)
         packed = kernels.pack_int4_codes(codes)
-        return Int4Weight(packed, kernels.scale_zeros_tensor(stored_scale, zeros, dtype), group_size, 1, k)
-    reference_scale = s_new if code_offset is not None else scales.double()
-    target = 136.0 * reference_scale + base
+        return Int4Weight(packed, kernels.scale_zeros_tensor(stored_scale, target.to(dtype), dtype), group_size, 1, k)
     zero_lo, zero_hi = _plane_zeros(stored_scale.float(), target, dtype)
     scale_hi = (stored_scale.float() * 16.0).to(dtype)  # a power-of-two multiple: exact
-    wide_codes = torch.cat([codes & 0x0F, codes >> 4], dim=1)
-    packed = kernels.pack_int4_codes(wide_codes)
+    packed = kernels.pack_int4_codes(torch.cat([codes & 0x0F, codes >> 4], dim=1))
     scale_zeros = kernels.scale_zeros_tensor(
         torch.cat([stored_scale, scale_hi], dim=1), torch.cat([zero_lo, zero_hi], dim=1), dtype
     )

@@ -1,39 +1,40 @@
 """GGUF tensors -> the CPU kernels' layouts, block by block, without dense fp32 weights in between.
 
-Every block format handled here is affine in an unsigned code c per group of g columns:
+Every block format handled here is, per group of g columns, a scale times a signed integer plus a zero:
 
-    w = S·c + O          S, O fp32 per (row, group); c ∈ [0, 2^b)
+    w = S·v + Z          S, Z fp32 per (row, group); v a signed integer of b bits
 
-| format | block | c (bits)            | S          | O               | g  | kernel layout       |
-|--------|-------|---------------------|------------|-----------------|----|---------------------|
-| Q4_0   | 32    | q (4)               | d          | −8·d            | 32 | int4, 1 plane       |
-| Q4_1   | 32    | q (4)               | d          | m               | 32 | int4, 1 plane       |
-| Q4_K   | 256   | q (4)               | d·sc_j     | −dmin·m_j       | 32 | int4, 1 plane       |
-| Q5_0   | 32    | q (5)               | d          | −16·d           | 32 | int4, 2 planes      |
-| Q5_1   | 32    | q (5)               | d          | m               | 32 | int4, 2 planes      |
-| Q5_K   | 256   | q (5)               | d·sc_j     | −dmin·m_j       | 32 | int4, 2 planes      |
-| Q8_0   | 32    | q + 128 (8)         | d          | −128·d          | 32 | int4, 2 planes      |
-| Q6_K   | 256   | q (6)               | d·sc_j     | −32·d·sc_j      | 16 | int8 per row        |
+| format | block | v                          | b  | S      | Z                 | g   | kernel layout  |
+|--------|-------|----------------------------|----|--------|-------------------|-----|----------------|
+| Q4_0   | 32    | q − 8                      | 4  | d      | 0                 | 32  | int4, 1 plane  |
+| Q4_1   | 32    | q − 8                      | 4  | d      | m + 8·d           | 32  | int4, 1 plane  |
+| Q4_K   | 256   | q − 8                      | 4  | d·sc_j | 8·d·sc_j − dmin·m_j | 32 | int4, 1 plane |
+| Q5_0   | 32    | q − 16                     | 5  | d      | 0                 | 32  | int4, 2 planes |
+| Q5_1   | 32    | q − 16                     | 5  | d      | m + 16·d          | 32  | int4, 2 planes |
+| Q5_K   | 256   | q − 16                     | 5  | d·sc_j | 16·d·sc_j − dmin·m_j | 32 | int4, 2 planes |
+| Q8_0   | 32    | q                          | 8  | d      | 0                 | 32  | int4, 2 planes |
+| Q6_K   | 256   | sc_j·(q − 32) (j: 16 cols) | 13 | d      | 0                 | 256 | int4, 4 planes |
 
-(d, m, dmin fp16; sc_j, m_j 6-bit in Q4_K/Q5_K, int8 in Q6_K; j the sub-block.) S and O are exact in
-fp32 (fp16 times ≤ 8-bit integers), and S·c + O rounded once to fp32 is gguf's own dequantization.
+(q the stored code; d, m, dmin fp16; sc_j, m_j 6-bit in Q4_K/Q5_K, int8 in Q6_K; j the sub-block.)
+S, Z and S·v + Z are exact in fp32 except Z for Q4_1 / Q5_1 / Q4_K / Q5_K when its two terms'
+exponents lie far apart (not seen in the files here), and S·v + Z rounded once is gguf's own
+dequantization (gguf.quants.dequantize), value for value.
 
-What is exact and what is rounded, compute dtype bf16 (the fast path):
-- codes: carried over bit for bit for every int4 format above (5-8-bit codes as two 4-bit planes
-  lo = c mod 16 and hi = c div 16, with scales S and 16·S, over the same columns: x' = [x, x]).
-- block scales: S rounded to bf16 (8 significant bits; fp16 has 11, d·sc_j up to 17), so each
-  weight moves by at most |S' − S|·|c − c_ref| ≤ 2^-8·S·|c − c_ref|.
-- zeros: where O = −c0·S (Q4_0, Q5_0, Q8_0) the stored zeros are exact multiples of S' and the
-  weights are exactly S'·(c − c0), i.e. w' = bf16(d)·q: relative error ≤ 2^-8 per weight.
-  Where O is free (Q4_1, Q4_K, Q5_1, Q5_K) the zero is rounded to bf16 as well: |w' − w| ≤
-  2^-8·S·|c − c_ref| + 2^-8·|zero| (c_ref = 2^(b−1), the middle code; `error_bound` gives it).
-- Q6_K: its 16-column sub-blocks have their own scales and the int4 kernel's smallest group is 32,
-  so no int4 layout holds it exactly; it is dequantized (gguf's values, exact) and requantized to
-  int8 per row: |w' − w| ≤ s_n/2, s_n = max_k |w_nk| / 127 rounded up to bf16.
-- anything else gguf can dequantize (Q2_K, Q3_K, IQ*) goes the Q6_K way (int8 per row).
-With compute dtype fp32 (the exact reference; the kernels' scalar path, 15-30x slower) S and the
-zeros are stored unrounded and the int4 formats dequantize bit for bit to gguf's values (tested).
-F32 / F16 / BF16 tensors come back as fp32 tensors.
+A value of b bits is stored as P = ceil(b/4) int4 planes over the same columns (its two's
+complement nibbles; `packing.int4_from_values`); the kernel runs on x' = [x, …, x] (P·K columns).
+Q6_K's 16-column sub-blocks cannot have their own scale in a kernel group (≥ 32), so its sub-scales
+move into the values (v = sc_j·(q − 32), 13 bits) under the super-block scale d: 4 planes, group 256.
+
+What is exact and what is rounded with compute dtype bf16 (the fast path):
+- v: carried over exactly, every format above.
+- S: rounded to bf16 (8 significant bits; fp16 d has 11, d·sc_j up to 17): |S' − S| ≤ 2^-8·S.
+- Z: 0 stays exactly 0 (Q4_0, Q5_0, Q8_0, Q6_K: then w' = bf16(S)·v, relative error ≤ 2^-8 per
+  weight); otherwise rounded to bf16: |Z' − Z| ≤ 2^-8·|Z|.
+- so |w' − w| ≤ 2^-8·(S·|v| + |Z|) (+ fp32 rounding), `error_bound`; tested against gguf.quants.
+With compute dtype fp32 (the exact reference; the kernels' scalar path, 15-30x slower) S and Z are
+stored unrounded and the weights equal gguf's values (tested, the sign of zero aside).
+Other formats gguf can dequantize (Q2_K, Q3_K, IQ*) are dequantized exactly and requantized to int8
+per row (|w' − w| ≤ s_n/2, s_n = max_k |w_nk| / 127 rounded up); F32 / F16 / BF16 stay fp32.
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ import numpy as np
 import torch
 
 from assisted_backends.quantized import kernels
-from assisted_backends.quantized.packing import QuantizedWeight, int4_from_codes, int8_from_float, zero_target
+from assisted_backends.quantized.packing import QuantizedWeight, int4_from_values, int8_from_float, planes_for
 
 PLAIN_TYPES = ("F32", "F16", "BF16")
-INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0")
+INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0", "Q6_K")
 
 
 def require_gguf():
@@ -60,26 +61,26 @@ def require_gguf():
 
 
 @dataclass
-class AffineCodes:
-    """w = S·c + O per group: codes uint8 [N, K], scales / offsets fp32 [N, K/g]."""
+class BlockValues:
+    """w = S·v + Z per group: values int32 [N, K], scales fp32 [N, K/g], zeros fp32 [N, K/g] or None (0)."""
 
-    codes: torch.Tensor
+    values: torch.Tensor
     scales: torch.Tensor
-    offsets: torch.Tensor
+    zeros: torch.Tensor | None
     group_size: int
     bits: int
-    code_offset: int | None  # c0 when O = −c0·S exactly
 
     def dequantize(self) -> torch.Tensor:
-        """fp32 [N, K]: S·c + O rounded once (gguf's reference values)."""
+        """fp32 [N, K]: S·v + Z rounded once (gguf's reference values)."""
         s = self.scales.double().repeat_interleave(self.group_size, dim=1)
-        o = self.offsets.double().repeat_interleave(self.group_size, dim=1)
-        return (self.codes.double() * s + o).float()
+        out = self.values.double() * s
+        if self.zeros is not None:
+            out = out + self.zeros.double().repeat_interleave(self.group_size, dim=1)
+        return out.float()
 
-    def permute_rows(self, order: torch.Tensor) -> AffineCodes:
-        return AffineCodes(
-            self.codes[order], self.scales[order], self.offsets[order], self.group_size, self.bits, self.code_offset
-        )
+    def permute_rows(self, order: torch.Tensor) -> BlockValues:
+        zeros = None if self.zeros is None else self.zeros[order]
+        return BlockValues(self.values[order], self.scales[order], zeros, self.group_size, self.bits)
 
 
 def _half(blocks: torch.Tensor, start: int) -> torch.Tensor:
@@ -106,66 +107,61 @@ def _k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scales.float(), mins.float()
 
 
-def _decode_blocks(kind: str, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Blocks [B, bytes] -> codes [B, block] uint8, scales and offsets [B, groups] fp32."""
+def _decode_blocks(kind: str, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Blocks [B, bytes] -> values int32 [B, block], scales and zeros fp32 [B, groups] (zeros None: 0)."""
     if kind in ("Q4_0", "Q4_1"):
-        d = _half(blocks, 0)
-        start = 2 if kind == "Q4_0" else 4
-        codes = _nibbles(blocks[:, start:])
-        offset = -8.0 * d if kind == "Q4_0" else _half(blocks, 2)
-        return codes, d[:, None], offset[:, None]
+        d = _half(blocks, 0)[:, None]
+        values = _nibbles(blocks[:, 2 if kind == "Q4_0" else 4 :]).to(torch.int32) - 8
+        return values, d, None if kind == "Q4_0" else _half(blocks, 2)[:, None] + 8.0 * d
     if kind in ("Q5_0", "Q5_1"):
-        d = _half(blocks, 0)
+        d = _half(blocks, 0)[:, None]
         start = 2 if kind == "Q5_0" else 4
         codes = _nibbles(blocks[:, start + 4 :]) | (_high_bits(blocks[:, start : start + 4], 32) << 4)
-        offset = -16.0 * d if kind == "Q5_0" else _half(blocks, 2)
-        return codes, d[:, None], offset[:, None]
+        return codes.to(torch.int32) - 16, d, None if kind == "Q5_0" else _half(blocks, 2)[:, None] + 16.0 * d
     if kind == "Q8_0":
-        d = _half(blocks, 0)
-        codes = (blocks[:, 2:].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
-        return codes, d[:, None], (-128.0 * d)[:, None]
+        return blocks[:, 2:].contiguous().view(torch.int8).to(torch.int32), _half(blocks, 0)[:, None], None
     if kind in ("Q4_K", "Q5_K"):
-        d, dmin = _half(blocks, 0), _half(blocks, 2)
+        d, dmin = _half(blocks, 0)[:, None], _half(blocks, 2)[:, None]
         sc, mn = _k_scale_min(blocks[:, 4:16])
         qs = blocks[:, -128:].reshape(-1, 4, 32)  # four runs of 32 bytes: sub-blocks 2j (low), 2j+1 (high)
         codes = torch.stack([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 256)
+        middle = 8.0
         if kind == "Q5_K":
             high = (blocks[:, 16:48][:, None, :] >> torch.arange(8, dtype=torch.uint8)[None, :, None]) & 1
             codes = codes | (high.reshape(-1, 256) << 4)  # sub-block j's high bits: bit j of qh[i]
-        return codes, d[:, None] * sc, -(dmin[:, None] * mn)
+            middle = 16.0
+        scale = d * sc
+        return codes.to(torch.int32) - int(middle), scale, middle * scale - dmin * mn
     if kind == "Q6_K":
         low = blocks[:, :128].reshape(-1, 2, 64)  # halves of 128 values: low nibbles, then high nibbles
         low = torch.stack([low & 0x0F, low >> 4], dim=2).reshape(-1, 256)
         high = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
-        codes = low | ((high & 3).reshape(-1, 256) << 4)
-        sc = blocks[:, 192:208].contiguous().view(torch.int8).float()
-        scale = _half(blocks, 208)[:, None] * sc
-        return codes, scale, -32.0 * scale
+        codes = (low | ((high & 3).reshape(-1, 256) << 4)).to(torch.int32) - 32
+        sub_scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.int32)  # [B, 16]
+        values = codes * sub_scales.repeat_interleave(16, dim=1)
+        return values, _half(blocks, 208)[:, None], None
     raise NotImplementedError(f"no block decoder for {kind}")
 
 
-_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q8_0": 8, "Q6_K": 6}
-_GROUP = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 16}
-_CODE_OFFSET = {"Q4_0": 8, "Q5_0": 16, "Q8_0": 128, "Q6_K": 32}
+_BITS = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q8_0": 8, "Q6_K": 13}
+_GROUP = {"Q4_K": 32, "Q5_K": 32, "Q6_K": 256}
 
 
-def affine_codes(kind: str, data: np.ndarray | torch.Tensor, shape: tuple[int, int]) -> AffineCodes:
-    """Decode a [N, K] tensor of GGUF `kind` (raw bytes, [N, row bytes]) into codes, scales, offsets."""
+def block_values(kind: str, data: np.ndarray | torch.Tensor, shape: tuple[int, int]) -> BlockValues:
+    """Decode a [N, K] tensor of GGUF `kind` (raw bytes, [N, row bytes]) into values, scales, zeros."""
     gguf = require_gguf()
     quant_type = gguf.GGMLQuantizationType[kind]
     block, block_bytes = gguf.GGML_QUANT_SIZES[quant_type]
     n, k = shape
     raw = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True)) if isinstance(data, np.ndarray) else data
-    blocks = raw.reshape(n * (k // block), block_bytes)
-    codes, scales, offsets = _decode_blocks(kind, blocks)
+    values, scales, zeros = _decode_blocks(kind, raw.reshape(n * (k // block), block_bytes))
     group = _GROUP.get(kind, block)
-    return AffineCodes(
-        codes.reshape(n, k).contiguous(),
+    return BlockValues(
+        values.reshape(n, k).contiguous(),
         scales.reshape(n, k // group).contiguous(),
-        offsets.reshape(n, k // group).contiguous(),
+        None if zeros is None else zeros.reshape(n, k // group).contiguous(),
         group,
         _BITS[kind],
-        _CODE_OFFSET.get(kind),
     )
 
 
@@ -191,7 +187,7 @@ def kernel_layout(kind: str, shape: tuple[int, int]) -> str:
     n, k = shape
     if kind in PLAIN_TYPES:
         return "dense"
-    if kind in INT4_TYPES and kernels.int4_supported(n, k, 32):
+    if kind in INT4_TYPES and kernels.int4_supported(n, k, _GROUP.get(kind, 32)):
         return "int4"
     if kernels.int8_supported(k):
         return "int8"
@@ -212,37 +208,26 @@ def repack(
     """
     chosen = kernel_layout(kind, shape)
     if chosen == "int4":
-        codes = affine_codes(kind, data, shape)
+        decoded = block_values(kind, data, shape)
         if row_order is not None:
-            codes = codes.permute_rows(row_order)
-        offsets = None if codes.code_offset is not None else codes.offsets
-        return int4_from_codes(
-            codes.codes, codes.scales, offsets, codes.group_size, codes.bits, codes.code_offset, dtype
-        )
+            decoded = decoded.permute_rows(row_order)
+        return int4_from_values(decoded.values, decoded.scales, decoded.zeros, decoded.group_size, decoded.bits, dtype)
     dense = plain_tensor(kind, data, shape) if kind in PLAIN_TYPES else dequantize_reference(kind, data, shape)
     if row_order is not None:
         dense = dense[row_order]
     return int8_from_float(dense, dtype) if chosen == "int8" else dense
 
 
-def error_bound(codes: AffineCodes, dtype: torch.dtype) -> torch.Tensor:
-    """Per-weight bound [N, K] on |int4 repack − gguf| for compute dtype `dtype` (see `zero_target`).
+def error_bound(decoded: BlockValues, dtype: torch.dtype) -> torch.Tensor:
+    """Per-weight bound [N, K] on |int4 repack − gguf| for compute dtype `dtype`.
 
-    |S' − S|·|c − c_ref| (scale rounding) + |Z' − Z*| (zero rounding: none for O = −c0·S; else half an
-    ulp of the one rounded zero) + the fp32 roundings of the planes and of gguf's own value.
+    u·(S·|v| + |Z|) with u the unit roundoff of `dtype` (scale and zero rounding), plus the fp32
+    roundings of the planes (partial sums up to 16^(P−1)·8·S) and of gguf's own value.
     """
-    unit = torch.finfo(dtype).eps / 2  # unit roundoff: 2^-8 for bf16, 2^-24 for fp32
-    offsets = None if codes.code_offset is not None else codes.offsets
-    _, target, reference_code = zero_target(codes.scales, offsets, codes.code_offset, codes.bits, dtype)
-    planes = 1 if codes.bits <= 4 else 2
-    s = codes.scales.double()
-    if codes.code_offset is not None:
-        zero_part = torch.zeros_like(s)
-    else:
-        rounded = target if planes == 1 else target - 128.0 * s.to(dtype).double()
-        zero_part = unit * rounded.abs()
-    expand = lambda t: t.repeat_interleave(codes.group_size, dim=1)  # noqa: E731
-    c = codes.codes.double()
-    scale_part = unit * expand(s.abs()) * (c - reference_code).abs()
-    magnitude = c * expand(s.abs()) + expand(codes.offsets.double().abs() + 136.0 * s.abs())
-    return (scale_part + expand(zero_part) + 2.0**-22 * magnitude).float()
+    unit = torch.finfo(dtype).eps / 2  # 2^-8 for bf16, 2^-24 for fp32
+    expand = lambda t: t.double().abs().repeat_interleave(decoded.group_size, dim=1)  # noqa: E731
+    s = expand(decoded.scales)
+    z = expand(decoded.zeros) if decoded.zeros is not None else torch.zeros_like(s)
+    v = decoded.values.double().abs()
+    partial = 8.0 * 16 ** (planes_for(decoded.bits) - 1) * s
+    return (unit * (s * v + z) + 2.0**-23 * (s * v + z + partial)).float()

@@ -8,6 +8,8 @@ Two ATen ops, both y = x Wᵀ with W [N, K] held in few bits (x [M, K], y [M, N]
     The product q · s is exact in fp32 for bf16 scales (8 + 8 significant bits).
     K must be a multiple of 16: the vector loop steps 16 (AVX-512) or 8 (AVX2) columns at a time
     and reads past the row otherwise (garbage or a crash), so `int8_supported` refuses such widths.
+    Its loads of x and q are aligned loads: both must start on a 32-byte boundary (`aligned`);
+    a misaligned tensor read from a file crashed the process here (general protection fault).
 
 ``aten._weight_int4pack_mm_for_cpu(x, packed, g, sz)``
     packed: the codes q ∈ [0, 15] of W [N, K] in the layout ``_convert_weight_to_int4pack_for_cpu``
@@ -97,6 +99,17 @@ def int4_supported(out_features: int, in_features: int, group_size: int) -> bool
         and in_features > 0
         and in_features % group_size == 0
     )
+
+
+def aligned(tensor: torch.Tensor, alignment: int = 64) -> torch.Tensor:
+    """`tensor` itself if contiguous and its data `alignment`-byte aligned, else an aligned copy.
+
+    The int8 kernel reads weights and activations with aligned vector loads (16 / 32 bytes) and
+    faults on anything else; tensors from a file (safetensors, memmap) can sit at any offset.
+    """
+    if tensor.is_contiguous() and tensor.data_ptr() % alignment == 0:
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def int8_mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

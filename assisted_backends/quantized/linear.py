@@ -21,7 +21,6 @@ from assisted_backends.quantized import kernels
 from assisted_backends.quantized.packing import Int4Weight, Int8Weight, QuantizedWeight, int4_from_float, int8_from_float
 
 SCHEMES = ("int8", "int4")
-_ALIGNMENT = 64  # the int8 kernel uses aligned 32-byte loads on activation rows
 
 
 class QuantizedLinear(nn.Module):
@@ -32,13 +31,13 @@ class QuantizedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         if isinstance(weight, Int8Weight):
             self.scheme, self.group_size, self.planes = "int8", 0, 1
-            self.register_buffer("codes", weight.codes)
-            self.register_buffer("scales", weight.scales)
+            self.register_buffer("codes", kernels.aligned(weight.codes))
+            self.register_buffer("scales", kernels.aligned(weight.scales))
             self.compute_dtype = weight.scales.dtype
         else:
             self.scheme, self.group_size, self.planes = "int4", weight.group_size, weight.planes
-            self.register_buffer("packed", weight.packed)
-            self.register_buffer("scale_zeros", weight.scale_zeros)
+            self.register_buffer("packed", kernels.aligned(weight.packed))
+            self.register_buffer("scale_zeros", kernels.aligned(weight.scale_zeros))
             self.compute_dtype = weight.scale_zeros.dtype
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
@@ -70,9 +69,7 @@ class QuantizedLinear(nn.Module):
         return self.weight_data.rows(torch.arange(self.out_features))
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(self.compute_dtype)
-        if not rows.is_contiguous() or rows.data_ptr() % _ALIGNMENT:
-            rows = rows.clone(memory_format=torch.contiguous_format)
+        rows = kernels.aligned(x.reshape(-1, self.in_features).to(self.compute_dtype))
         if self.planes > 1:
             rows = torch.cat([rows] * self.planes, dim=1)
         return rows
@@ -129,7 +126,7 @@ class QuantizedEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.scheme}, gathers and dequantizes looked-up rows only"
 
 
-def _eligible(out_features: int, in_features: int, scheme: str, group_size: int) -> str:
+def why_not_quantizable(out_features: int, in_features: int, scheme: str, group_size: int) -> str:
     """'' if a [out, in] weight can use `scheme`, else why not."""
     if scheme == "int8" and not kernels.int8_supported(in_features):
         return f"in_features {in_features} is not a multiple of {kernels.INT8_COLUMN_MULTIPLE} (int8 kernel)"
@@ -182,7 +179,7 @@ def quantize_model(
         for name, child in list(parent.named_children()):
             full = f"{parent_name}.{name}" if parent_name else name
             if embeddings and child is input_embedding and isinstance(child, nn.Embedding):
-                why = _eligible(child.num_embeddings, child.embedding_dim, scheme, group_size)
+                why = why_not_quantizable(child.num_embeddings, child.embedding_dim, scheme, group_size)
                 if why:
                     report[full] = f"kept: {why}"
                     continue
@@ -195,7 +192,7 @@ def quantize_model(
             if dense is None:
                 continue
             weight, bias = dense
-            why = _eligible(weight.shape[0], weight.shape[1], scheme, group_size)
+            why = why_not_quantizable(weight.shape[0], weight.shape[1], scheme, group_size)
             if why:
                 report[full] = f"kept: {why}"
                 continue

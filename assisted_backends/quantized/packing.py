@@ -4,20 +4,16 @@ Notation: W [N, K] (out_features x in_features), rows n, columns k, groups of g 
 
 ``Int8Weight``   w[n, k] = q[n, k] · s[n]                 q int8 [N, K], s [N]
 ``Int4Weight``   w[n, k] = Σ_p ((q_p[n, k] − 8) · s_p[k // g, n] + z_p[k // g, n])
-                 over P planes p (P = 1 or 2), each plane a 4-bit code matrix over the same K
-                 columns, stored side by side as one packed [N, P·K] weight so that one kernel call
-                 on x' = [x, x] computes the sum. Two planes carry codes of 5 to 8 bits exactly:
-                 c = lo + 16·hi, plane 0 holds lo with scale S, plane 1 holds hi with scale 16·S.
+                 over P planes p, each plane a 4-bit code matrix over the same K columns, stored
+                 side by side as one packed [N, P·K] weight so that one kernel call on
+                 x' = [x, …, x] computes the sum. P planes carry signed values of up to 4·P bits
+                 exactly (`int4_from_values`: the nibbles of their two's complement).
 
 Scales and zeros are stored in the compute dtype (bf16 for speed, fp32 for the exact reference).
 
-From integer codes (`int4_from_codes`): the source is w = S·c + O per group (c ∈ [0, 2^b), b ≤ 8,
-S and O fp32). Codes go over unchanged; S is rounded to the compute dtype (round to nearest even);
-the zeros are chosen per group, among the exact splittings, to land nearest their target:
-    O = −c0·S (a code offset):  target w' = S'·(c − c0), exact in the stored form whenever the zeros
-                                 (8 − c0)·S' (one plane) or a two-term split of (136 − c0)·S' are
-                                 representable (c0 = 8, 16, 128 are; see `_plane_zeros`).
-    O free:                      zeros rounded, centred on the middle code (`zero_target`).
+From integer values (`int4_from_values`): the source is w = S·v + Z per group (v signed integers,
+S and Z fp32). The values go over unchanged; S and Z are rounded to the compute dtype (round to
+nearest even); every other stored number is a power-of-two multiple of the rounded S (exact).
 """
 
 from __future__ import annotations
@@ -114,72 +110,42 @@ def int4_from_float(weight: torch.Tensor, group_size: int, dtype: torch.dtype = 
     return Int4Weight(packed, kernels.scale_zeros_tensor(stored_scale, zeros, dtype), group_size, 1, k)
 
 
-def _plane_zeros(
-    scale: torch.Tensor, target: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeros (z_lo, z_hi) per group for two planes, their sum nearest `target` after rounding to `dtype`.
-
-    The kernel adds −8·S' (plane 0) and −128·S' (plane 1) by itself, so the zeros must sum to
-    target = 136·S' − c0·S' (or 136·S + O). Two splittings keep one zero an exact power-of-two
-    multiple of S' (no rounding) and put the rest in the other: (target − 128·S', 128·S') and
-    (8·S', target − 8·S'); the one whose rounded sum errs least wins, group by group.
-    """
-    s = scale.double()
-    t = target.double()
-    candidates = []
-    for fixed_lo, fixed_hi in ((None, 128.0), (8.0, None)):
-        lo = s * fixed_lo if fixed_lo is not None else t - s * fixed_hi
-        hi = s * fixed_hi if fixed_hi is not None else t - s * fixed_lo
-        lo_r, hi_r = lo.to(dtype), hi.to(dtype)
-        candidates.append((lo_r, hi_r, (lo_r.double() + hi_r.double() - t).abs()))
-    (lo_a, hi_a, err_a), (lo_b, hi_b, err_b) = candidates
-    first = err_a <= err_b
-    return torch.where(first, lo_a, lo_b), torch.where(first, hi_a, hi_b)
+def planes_for(bits: int) -> int:
+    """int4 planes needed for signed values of `bits` bits (two's complement, 4 bits a plane)."""
+    return (bits + 3) // 4
 
 
-def zero_target(
-    scales: torch.Tensor, offsets: torch.Tensor | None, code_offset: int | None, bits: int, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(stored scales S' in `dtype`, target zero sum Z* in float64 [N, G], code of zero error c_ref).
-
-    w' − w = (S' − S)·(c − c_ref) + (Z' − Z*) where Z' is the sum of the stored zeros and
-    Z* = P·S' + O − (S' − S)·c_ref, P = 8 (one plane) or 136 (two). c_ref = c0 for O = −c0·S (then
-    Z* = (P − c0)·S', a multiple of S'), else the middle code 2^(bits−1).
-    """
-    stored = scales.to(dtype)
-    new, old = stored.double(), scales.double()
-    planes = 1 if bits <= 4 else 2
-    base = 8.0 if planes == 1 else 136.0
-    if code_offset is not None:
-        return stored, (base - code_offset) * new, code_offset
-    reference_code = 2 ** (bits - 1)
-    return stored, base * new + offsets.double() - (new - old) * reference_code, reference_code
-
-
-def int4_from_codes(
-    codes: torch.Tensor,
+def int4_from_values(
+    values: torch.Tensor,
     scales: torch.Tensor,
-    offsets: torch.Tensor | None,
+    zeros: torch.Tensor | None,
     group_size: int,
     bits: int,
-    code_offset: int | None = None,
     dtype: torch.dtype = kernels.FAST_DTYPE,
 ) -> Int4Weight:
-    """w = S·c + O group-wise (codes c [N, K] in [0, 2^bits), S and O fp32 [N, K/g]) -> Int4Weight.
+    """w = S·v + Z group-wise -> Int4Weight; v [N, K] signed integers of `bits` bits, S, Z fp32 [N, K/g].
 
-    Give either `offsets` O (free) or `code_offset` c0 (O = −c0·S). bits ≤ 4: one plane; ≤ 8: two.
+    v is split into P = ceil(bits/4) nibbles of its two's complement: planes below the top hold
+    unsigned nibbles u_p (kernel code u_p, scale 16^p·S', zero 8·16^p·S', i.e. u_p·16^p·S' exactly);
+    the top plane holds the signed nibble s = v >> 4(P−1) (code s + 8, scale 16^(P−1)·S', zero Z').
+    S' = S and Z' = Z rounded to `dtype`; every other zero is a power-of-two multiple of S' (exact),
+    so w' = S'·v + Z' with nothing else rounded.
     """
-    if not 1 <= bits <= 8:
-        raise ValueError(f"codes of {bits} bits do not fit two int4 planes")
-    k = codes.shape[1]
-    stored_scale, target, _ = zero_target(scales, offsets, code_offset, bits, dtype)
-    if bits <= 4:
-        packed = kernels.pack_int4_codes(codes)
-        return Int4Weight(packed, kernels.scale_zeros_tensor(stored_scale, target.to(dtype), dtype), group_size, 1, k)
-    zero_lo, zero_hi = _plane_zeros(stored_scale.float(), target, dtype)
-    scale_hi = (stored_scale.float() * 16.0).to(dtype)  # a power-of-two multiple: exact
-    packed = kernels.pack_int4_codes(torch.cat([codes & 0x0F, codes >> 4], dim=1))
-    scale_zeros = kernels.scale_zeros_tensor(
-        torch.cat([stored_scale, scale_hi], dim=1), torch.cat([zero_lo, zero_hi], dim=1), dtype
-    )
-    return Int4Weight(packed, scale_zeros, group_size, 2, k)
+    planes = planes_for(bits)
+    k = values.shape[1]
+    stored = scales.to(dtype)
+    values = values.to(torch.int32)
+    nibbles, plane_scales, plane_zeros = [], [], []
+    for plane in range(planes):
+        multiple = float(16**plane)
+        shifted = values >> (4 * plane)
+        top = plane == planes - 1
+        nibbles.append((shifted + 8) if top else (shifted & 0x0F))
+        plane_scales.append((stored.float() * multiple).to(dtype))
+        if top:
+            plane_zeros.append(torch.zeros_like(stored) if zeros is None else zeros.to(dtype))
+        else:
+            plane_zeros.append((stored.float() * (8.0 * multiple)).to(dtype))
+    packed = kernels.pack_int4_codes(torch.cat(nibbles, dim=1).to(torch.uint8))
+    scale_zeros = kernels.scale_zeros_tensor(torch.cat(plane_scales, dim=1), torch.cat(plane_zeros, dim=1), dtype)
+    return Int4Weight(packed, scale_zeros, group_size, planes, k)

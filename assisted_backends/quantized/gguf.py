@@ -33,6 +33,9 @@ What is exact and what is rounded with compute dtype bf16 (the fast path):
 - so |w' − w| ≤ 2^-8·(S·|v| + |Z|) (+ fp32 rounding), `error_bound`; tested against gguf.quants.
 With compute dtype fp32 (the exact reference; the kernels' scalar path, 15-30x slower) S and Z are
 stored unrounded and the weights equal gguf's values (tested, the sign of zero aside).
+Memory: int4 planes cost P/2 bytes a weight plus 2·P·2 bytes per group: Q4_* about 1.1x their file
+size, Q5_* / Q8_0 about 1.8x / 1.2x, Q6_K 2.4x (4 planes for 6.56 bits). `compact=("Q6_K",)` trades
+Q6_K's exactness for 1 byte a weight (int8 per row from gguf's exact values, |w' − w| ≤ s_n/2).
 Other formats gguf can dequantize (Q2_K, Q3_K, IQ*) are dequantized exactly and requantized to int8
 per row (|w' − w| ≤ s_n/2, s_n = max_k |w_nk| / 127 rounded up); F32 / F16 / BF16 stay fp32.
 """
@@ -182,12 +185,16 @@ def dequantize_reference(kind: str, data: np.ndarray, shape: tuple[int, int]) ->
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
 
 
-def kernel_layout(kind: str, shape: tuple[int, int]) -> str:
-    """Which stored form a [N, K] tensor of `kind` gets: "int4", "int8" or "dense" (fp32), by format and shape."""
+def kernel_layout(kind: str, shape: tuple[int, int], compact: tuple[str, ...] = ()) -> str:
+    """Which stored form a [N, K] tensor of `kind` gets: "int4", "int8" or "dense" (fp32), by format and shape.
+
+    Formats named in `compact` go to int8 per row instead of their exact int4 planes (Q6_K: 1 byte
+    a weight instead of 2, at |w' − w| ≤ s_n/2).
+    """
     n, k = shape
     if kind in PLAIN_TYPES:
         return "dense"
-    if kind in INT4_TYPES and kernels.int4_supported(n, k, _GROUP.get(kind, 32)):
+    if kind in INT4_TYPES and kind not in compact and kernels.int4_supported(n, k, _GROUP.get(kind, 32)):
         return "int4"
     if kernels.int8_supported(k):
         return "int8"
@@ -200,13 +207,14 @@ def repack(
     shape: tuple[int, int],
     dtype: torch.dtype = kernels.FAST_DTYPE,
     row_order: torch.Tensor | None = None,
+    compact: tuple[str, ...] = (),
 ) -> QuantizedWeight | torch.Tensor:
     """A GGUF [N, K] weight in the kernel layout `kernel_layout` picks (rows reordered by `row_order`).
 
     int4: codes verbatim, scales / zeros rounded to `dtype` (module docstring). int8: gguf's exact
     dequantization requantized per row. dense: gguf's exact dequantization (fp32).
     """
-    chosen = kernel_layout(kind, shape)
+    chosen = kernel_layout(kind, shape, compact)
     if chosen == "int4":
         decoded = block_values(kind, data, shape)
         if row_order is not None:

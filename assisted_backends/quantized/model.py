@@ -139,12 +139,12 @@ def _dense(header: GGUFHeader, info, processor=None) -> torch.Tensor:
     return values
 
 
-def _quantized_weight(header, info, scheme, group_size, dtype, order) -> tuple[QuantizedWeight | torch.Tensor, str]:
+def _quantized_weight(header, info, scheme, group_size, dtype, order, compact) -> tuple[QuantizedWeight | torch.Tensor, str]:
     """The stored form of one matrix and a phrase for the report."""
     rows, columns = info.shape
     if scheme == "file":
-        layout = gguf.kernel_layout(info.kind, info.shape)
-        weight = gguf.repack(info.kind, header.tensor_bytes(info), info.shape, dtype, order)
+        layout = gguf.kernel_layout(info.kind, info.shape, compact)
+        weight = gguf.repack(info.kind, header.tensor_bytes(info), info.shape, dtype, order, compact)
         if layout == "int4":
             return weight, f"{info.kind} -> int4 x{weight.planes} (codes exact)"
         return weight, f"{info.kind} -> {layout}"
@@ -158,7 +158,7 @@ def _quantized_weight(header, info, scheme, group_size, dtype, order) -> tuple[Q
     return int4_from_float(dense, group_size, dtype), f"{info.kind} -> int4 g{group_size} (requantized)"
 
 
-def _plan_from_file(model, header, config, scheme, group_size, dtype) -> _Plan:
+def _plan_from_file(model, header, config, scheme, group_size, dtype, compact) -> _Plan:
     plan = _Plan()
     names = _name_map(model, header)
     processor = _processor(header, config)
@@ -175,7 +175,7 @@ def _plan_from_file(model, header, config, scheme, group_size, dtype) -> _Plan:
             if isinstance(module, nn.Embedding) and module is not embedding:
                 raise NotImplementedError(f"{hf_name}: only the input embedding can be quantized as an embedding")
             order = _row_order(processor, info.name, info.shape[0])
-            weight, note = _quantized_weight(header, info, scheme, group_size, dtype, order)
+            weight, note = _quantized_weight(header, info, scheme, group_size, dtype, order, compact)
             if isinstance(weight, torch.Tensor):
                 plan.params[hf_name] = weight
             else:
@@ -226,8 +226,9 @@ def _install(model: nn.Module, plan: _Plan) -> nn.Module:
     return model
 
 
-def _weights_file(directory: Path, scheme: str, group_size: int, dtype: torch.dtype) -> Path:
+def _weights_file(directory: Path, scheme: str, group_size: int, dtype: torch.dtype, compact: tuple[str, ...]) -> Path:
     tag = scheme + (f"-g{group_size}" if scheme == "int4" else "") + f"-{str(dtype).removeprefix('torch.')}"
+    tag += "".join(f"-{kind.lower()}int8" for kind in sorted(compact)) if scheme == "file" else ""
     return directory / f"weights-v{_FORMAT_VERSION}-{tag}-{signature()}.safetensors"
 
 
@@ -310,12 +311,14 @@ def load_gguf_quantized(
     tokenizer: bool = True,
     use_cache: bool = True,
     cache_root: Path | None = None,
+    compact: tuple[str, ...] = (),
 ) -> LoadedGGUF:
     """A transformers causal LM for the GGUF file `path` with quantized weights (see the module docstring).
 
     scheme: "file" (each tensor in the kernel layout nearest its own format), "int8", "int4"
     (requantized, groups of `group_size`) or "dense" (fp32). dtype: the kernels' compute dtype
-    (bf16: fast; fp32: the exact reference, slow).
+    (bf16: fast; fp32: the exact reference, slow). compact: GGUF formats to store as int8 per row
+    rather than exactly ("Q6_K": 1 byte a weight instead of 2; see `gguf.kernel_layout`).
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r} is not one of {SCHEMES}")
@@ -328,7 +331,8 @@ def load_gguf_quantized(
     path = Path(path).expanduser().resolve()
     caching = use_cache and scheme != "dense"
     directory = cache.entry_dir(path, cache_root) if caching else None
-    weights = _weights_file(directory, scheme, group_size, dtype) if caching else None
+    compact = tuple(sorted(compact))
+    weights = _weights_file(directory, scheme, group_size, dtype, compact) if caching else None
 
     if caching and (directory / "config.json").is_file() and weights.is_file():
         from transformers import AutoConfig, AutoTokenizer
@@ -349,7 +353,7 @@ def load_gguf_quantized(
     config = load_config(header)
     pending = _Background(lambda: _tokenizer_from_file(path, directory)) if tokenizer else None
     model = _skeleton(config)
-    plan = _plan_from_file(model, header, config, scheme, group_size, dtype)
+    plan = _plan_from_file(model, header, config, scheme, group_size, dtype, compact)
     model = _install(model, plan)
     if caching:
         if not (directory / "config.json").is_file():

@@ -65,7 +65,7 @@ def require_gguf():
 
 @dataclass
 class BlockValues:
-    """w = S·v + Z per group: values int32 [N, K], scales fp32 [N, K/g], zeros fp32 [N, K/g] or None (0)."""
+    """w = S·v + Z per group: values int16 [N, K], scales fp32 [N, K/g], zeros fp32 [N, K/g] or None (0)."""
 
     values: torch.Tensor
     scales: torch.Tensor
@@ -111,18 +111,18 @@ def _k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _decode_blocks(kind: str, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Blocks [B, bytes] -> values int32 [B, block], scales and zeros fp32 [B, groups] (zeros None: 0)."""
+    """Blocks [B, bytes] -> values int16 [B, block], scales and zeros fp32 [B, groups] (zeros None: 0)."""
     if kind in ("Q4_0", "Q4_1"):
         d = _half(blocks, 0)[:, None]
-        values = _nibbles(blocks[:, 2 if kind == "Q4_0" else 4 :]).to(torch.int32) - 8
+        values = _nibbles(blocks[:, 2 if kind == "Q4_0" else 4 :]).to(torch.int16) - 8
         return values, d, None if kind == "Q4_0" else _half(blocks, 2)[:, None] + 8.0 * d
     if kind in ("Q5_0", "Q5_1"):
         d = _half(blocks, 0)[:, None]
         start = 2 if kind == "Q5_0" else 4
         codes = _nibbles(blocks[:, start + 4 :]) | (_high_bits(blocks[:, start : start + 4], 32) << 4)
-        return codes.to(torch.int32) - 16, d, None if kind == "Q5_0" else _half(blocks, 2)[:, None] + 16.0 * d
+        return codes.to(torch.int16) - 16, d, None if kind == "Q5_0" else _half(blocks, 2)[:, None] + 16.0 * d
     if kind == "Q8_0":
-        return blocks[:, 2:].contiguous().view(torch.int8).to(torch.int32), _half(blocks, 0)[:, None], None
+        return blocks[:, 2:].contiguous().view(torch.int8).to(torch.int16), _half(blocks, 0)[:, None], None
     if kind in ("Q4_K", "Q5_K"):
         d, dmin = _half(blocks, 0)[:, None], _half(blocks, 2)[:, None]
         sc, mn = _k_scale_min(blocks[:, 4:16])
@@ -134,13 +134,13 @@ def _decode_blocks(kind: str, blocks: torch.Tensor) -> tuple[torch.Tensor, torch
             codes = codes | (high.reshape(-1, 256) << 4)  # sub-block j's high bits: bit j of qh[i]
             middle = 16.0
         scale = d * sc
-        return codes.to(torch.int32) - int(middle), scale, middle * scale - dmin * mn
+        return codes.to(torch.int16) - int(middle), scale, middle * scale - dmin * mn
     if kind == "Q6_K":
         low = blocks[:, :128].reshape(-1, 2, 64)  # halves of 128 values: low nibbles, then high nibbles
         low = torch.stack([low & 0x0F, low >> 4], dim=2).reshape(-1, 256)
         high = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
-        codes = (low | ((high & 3).reshape(-1, 256) << 4)).to(torch.int32) - 32
-        sub_scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.int32)  # [B, 16]
+        codes = (low | ((high & 3).reshape(-1, 256) << 4)).to(torch.int16) - 32
+        sub_scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.int16)  # [B, 16]
         values = codes * sub_scales.repeat_interleave(16, dim=1)
         return values, _half(blocks, 208)[:, None], None
     raise NotImplementedError(f"no block decoder for {kind}")

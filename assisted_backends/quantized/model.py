@@ -42,14 +42,30 @@ _MODEL_TYPE_TO_GGUF = {"cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_mo
 
 @dataclass
 class LoadedGGUF:
-    """The model (eval mode), its tokenizer, and how the load went."""
+    """The model (eval mode), its tokenizer, and how the load went.
+
+    `seconds`: until the model was ready. The tokenizer is built in a background thread (on a first
+    load transformers parses the whole GGUF for it); `tokenizer` waits for it, and `tokenizer_seconds`
+    says when it was ready (same clock as `seconds`).
+    """
 
     model: nn.Module
-    tokenizer: object | None
+    pending_tokenizer: _Background | None
     cache_dir: Path | None
     from_cache: bool
     seconds: float
     report: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tokenizer(self):
+        return None if self.pending_tokenizer is None else self.pending_tokenizer.result()
+
+    @property
+    def tokenizer_seconds(self) -> float | None:
+        if self.pending_tokenizer is None:
+            return None
+        self.pending_tokenizer.result()
+        return self.pending_tokenizer.finished - self.pending_tokenizer.started_at
 
     def weight_bytes(self) -> int:
         """Bytes of all parameters and buffers, each storage counted once."""
@@ -274,8 +290,9 @@ def _load_plan(path: Path) -> _Plan | None:
 class _Background:
     """Run a callable in a thread; `result()` waits and re-raises its exception."""
 
-    def __init__(self, work) -> None:
+    def __init__(self, work, started_at: float) -> None:
         self._value, self._error = None, None
+        self.started_at, self.finished = started_at, None
         self._thread = threading.Thread(target=self._run, args=(work,), daemon=True)
         self._thread.start()
 
@@ -284,6 +301,7 @@ class _Background:
             self._value = work()
         except BaseException as error:  # re-raised in result()
             self._error = error
+        self.finished = time.perf_counter()
 
     def result(self):
         self._thread.join()
@@ -339,19 +357,18 @@ def load_gguf_quantized(
 
         pending = None
         if tokenizer and (directory / "tokenizer").is_dir():
-            pending = _Background(lambda: AutoTokenizer.from_pretrained(str(directory / "tokenizer")))
+            pending = _Background(lambda: AutoTokenizer.from_pretrained(str(directory / "tokenizer")), started)
         elif tokenizer:
-            pending = _Background(lambda: _tokenizer_from_file(path, directory))
+            pending = _Background(lambda: _tokenizer_from_file(path, directory), started)
         plan = _load_plan(weights)
         if plan is not None:
             config = AutoConfig.from_pretrained(str(directory))
             model = _install(_skeleton(config), plan)
-            loaded_tokenizer = pending.result() if pending else None
-            return LoadedGGUF(model, loaded_tokenizer, directory, True, time.perf_counter() - started, plan.report)
+            return LoadedGGUF(model, pending, directory, True, time.perf_counter() - started, plan.report)
 
     header = read_header(path)
     config = load_config(header)
-    pending = _Background(lambda: _tokenizer_from_file(path, directory)) if tokenizer else None
+    pending = _Background(lambda: _tokenizer_from_file(path, directory), started) if tokenizer else None
     model = _skeleton(config)
     plan = _plan_from_file(model, header, config, scheme, group_size, dtype, compact)
     model = _install(model, plan)
@@ -359,5 +376,4 @@ def load_gguf_quantized(
         if not (directory / "config.json").is_file():
             cache.write_atomically(directory / "config.json", lambda tmp: tmp.write_text(config.to_json_string()))
         _save_plan(weights, plan)
-    loaded_tokenizer = pending.result() if pending else None
-    return LoadedGGUF(model, loaded_tokenizer, directory, False, time.perf_counter() - started, plan.report)
+    return LoadedGGUF(model, pending, directory, False, time.perf_counter() - started, plan.report)

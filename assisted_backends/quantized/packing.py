@@ -110,6 +110,9 @@ def int4_from_float(weight: torch.Tensor, group_size: int, dtype: torch.dtype = 
     return Int4Weight(packed, kernels.scale_zeros_tensor(stored_scale, zeros, dtype), group_size, 1, k)
 
 
+_PACK_ROWS = 4096  # a multiple of the packed layout's 64-row blocks
+
+
 def planes_for(bits: int) -> int:
     """int4 planes needed for signed values of `bits` bits (two's complement, 4 bits a plane)."""
     return (bits + 3) // 4
@@ -132,20 +135,28 @@ def int4_from_values(
     so w' = S'·v + Z' with nothing else rounded.
     """
     planes = planes_for(bits)
-    k = values.shape[1]
+    n, k = values.shape
     stored = scales.to(dtype)
-    values = values.to(torch.int32)
-    nibbles, plane_scales, plane_zeros = [], [], []
+    plane_scales, plane_zeros = [], []
     for plane in range(planes):
         multiple = float(16**plane)
-        shifted = values >> (4 * plane)
-        top = plane == planes - 1
-        nibbles.append((shifted + 8) if top else (shifted & 0x0F))
         plane_scales.append((stored.float() * multiple).to(dtype))
-        if top:
+        if plane == planes - 1:
             plane_zeros.append(torch.zeros_like(stored) if zeros is None else zeros.to(dtype))
         else:
             plane_zeros.append((stored.float() * (8.0 * multiple)).to(dtype))
-    packed = kernels.pack_int4_codes(torch.cat(nibbles, dim=1).to(torch.uint8))
+    chunks = []
+    for start in range(0, n, _PACK_ROWS):  # row chunks bound the int32 codes the packer wants
+        part = values[start : start + _PACK_ROWS]
+        codes = torch.empty(part.shape[0], planes * k, dtype=torch.int32)
+        for plane in range(planes):
+            shifted = part >> (4 * plane)
+            target = codes[:, plane * k : (plane + 1) * k]
+            if plane == planes - 1:
+                torch.add(shifted, 8, out=target)
+            else:
+                torch.bitwise_and(shifted, 0x0F, out=target)
+        chunks.append(kernels.pack_int4_codes(codes, rows_per_chunk=_PACK_ROWS))
+    packed = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
     scale_zeros = kernels.scale_zeros_tensor(torch.cat(plane_scales, dim=1), torch.cat(plane_zeros, dim=1), dtype)
     return Int4Weight(packed, scale_zeros, group_size, planes, k)

@@ -45,7 +45,9 @@ def random_blocks(kind: str, n: int, k: int, seed: int = 0, spread: float = 0.05
 
 def _interleave_heads(weight: np.ndarray, heads: int) -> np.ndarray:
     """HF rotary halves -> llama.cpp's interleaved rows (what transformers undoes when loading)."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
 
 
 def _byte_tokens() -> list[str]:

@@ -8,10 +8,11 @@ import torch
 
 pytest.importorskip("gguf", reason="the GGUF tests need the gguf package: pip install gguf")
 
+from quantized_fixtures import random_blocks  # noqa: E402
+
 from assisted_backends.quantized import gguf as blocks  # noqa: E402
 from assisted_backends.quantized import kernels  # noqa: E402
 from assisted_backends.quantized.packing import Int4Weight, Int8Weight  # noqa: E402
-from quantized_fixtures import random_blocks  # noqa: E402
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),

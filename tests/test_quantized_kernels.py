@@ -58,8 +58,12 @@ def test_int4_kernel_is_batch_invariant(dtype, group_size, shape):
     generator = torch.Generator().manual_seed(2)
     packed = kernels.pack_int4_codes(torch.randint(0, 16, (n, k), generator=generator))
     scale_zeros = (torch.rand(k // group_size, n, 2, generator=generator) * 0.1).to(dtype)
-    result = kernels.batch_invariance(lambda x: kernels.int4_mm(x, packed, group_size, scale_zeros), _activations(k, dtype))
-    assert all(result.values()), f"rows differ from the one-row call for M in {[m for m, ok in result.items() if not ok]}"
+    result = kernels.batch_invariance(
+        lambda x: kernels.int4_mm(x, packed, group_size, scale_zeros), _activations(k, dtype)
+    )
+    assert all(result.values()), (
+        f"rows differ from the one-row call for M in {[m for m, ok in result.items() if not ok]}"
+    )
 
 
 @needs_int8
@@ -71,7 +75,9 @@ def test_int8_kernel_is_batch_invariant(dtype, shape):
     codes = torch.randint(-127, 128, (n, k), generator=generator, dtype=torch.int8)
     scales = (torch.rand(n, generator=generator) * 0.01).to(dtype)
     result = kernels.batch_invariance(lambda x: kernels.int8_mm(x, codes, scales), _activations(k, dtype))
-    assert all(result.values()), f"rows differ from the one-row call for M in {[m for m, ok in result.items() if not ok]}"
+    assert all(result.values()), (
+        f"rows differ from the one-row call for M in {[m for m, ok in result.items() if not ok]}"
+    )
 
 
 def test_batch_invariance_check_can_fail():

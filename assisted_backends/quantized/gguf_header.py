@@ -21,7 +21,19 @@ import numpy as np
 
 _MAGIC = b"GGUF"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
+_NUMPY = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "<u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 _STRING, _ARRAY = 8, 9
 _KEEP_STRINGS = 64  # string arrays up to this length are decoded eagerly (merges / tokens are not)
 

@@ -40,7 +40,9 @@ def config_dict(header: GGUFHeader) -> dict:
     updated = "mistral" if "llama" in architecture and "mistral" in name.lower() else architecture
     updated = _UPDATED.get(updated, updated)
     config: dict = {"tie_word_embeddings": "output.weight" not in header.tensors or architecture in ("falcon", "bloom")}
-    for key, value in (GGUF_CONFIG_DEFAULTS_MAPPING.get(updated) or GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture) or {}).items():
+    for key, value in (
+        GGUF_CONFIG_DEFAULTS_MAPPING.get(updated) or GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture) or {}
+    ).items():
         config.setdefault(key, value)
     renames = GGUF_TO_TRANSFORMERS_MAPPING["config"]
     for key, value in header.metadata.items():

@@ -101,9 +101,7 @@ def layout() -> Int4Layout:
     tables = {rows: _lane_tables(rows) for rows in _LANE_COUNTS}
     for block_rows in _BLOCK_CANDIDATES:
         heights = [r for r in _LANE_COUNTS if r <= block_rows and tables[r] is not None]
-        candidate = Int4Layout(
-            block_rows, {r: tables[r][0] for r in heights}, {r: tables[r][1] for r in heights}
-        )
+        candidate = Int4Layout(block_rows, {r: tables[r][0] for r in heights}, {r: tables[r][1] for r in heights})
         if _reproduces(candidate):
             return candidate
     raise NotImplementedError(

@@ -18,7 +18,13 @@ import torch
 from torch import nn
 
 from assisted_backends.quantized import kernels
-from assisted_backends.quantized.packing import Int4Weight, Int8Weight, QuantizedWeight, int4_from_float, int8_from_float
+from assisted_backends.quantized.packing import (
+    Int4Weight,
+    Int8Weight,
+    QuantizedWeight,
+    int4_from_float,
+    int8_from_float,
+)
 
 SCHEMES = ("int8", "int4")
 
@@ -118,12 +124,16 @@ class QuantizedEmbedding(nn.Module):
         if self.scheme == "int8":
             rows = Int8Weight(self.codes, self.scales).rows(flat)
         else:
-            rows = Int4Weight(self.packed, self.scale_zeros, self.group_size, self.planes, self.embedding_dim).rows(flat)
+            rows = Int4Weight(self.packed, self.scale_zeros, self.group_size, self.planes, self.embedding_dim).rows(
+                flat
+            )
         rows = rows.view(*input_ids.shape, self.embedding_dim)
         return rows if self.embed_scale is None else rows * self.embed_scale
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, {self.scheme}, gathers and dequantizes looked-up rows only"
+        return (
+            f"{self.num_embeddings}, {self.embedding_dim}, {self.scheme}, gathers and dequantizes looked-up rows only"
+        )
 
 
 def why_not_quantizable(out_features: int, in_features: int, scheme: str, group_size: int) -> str:

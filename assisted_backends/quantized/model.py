@@ -33,7 +33,13 @@ from assisted_backends.quantized.gguf_header import GGUFHeader, read_header
 from assisted_backends.quantized.hf_config import load_config
 from assisted_backends.quantized.int4_layout import signature
 from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear, why_not_quantizable
-from assisted_backends.quantized.packing import Int4Weight, Int8Weight, QuantizedWeight, int4_from_float, int8_from_float
+from assisted_backends.quantized.packing import (
+    Int4Weight,
+    Int8Weight,
+    QuantizedWeight,
+    int4_from_float,
+    int8_from_float,
+)
 
 SCHEMES = ("file", "int8", "int4", "dense")
 _FORMAT_VERSION = 2  # bump when the repacking of any format changes (it names the cache file)
@@ -133,12 +139,16 @@ def _row_order(processor, gguf_name: str, rows: int) -> torch.Tensor | None:
     result = processor.process(weights=probe.copy(), name=gguf_name, tensor_key_mapping={}, parsed_parameters={})
     moved = np.asarray(result.weights)
     if result.name != gguf_name or moved.shape != probe.shape:
-        raise NotImplementedError(f"transformers reshapes or renames {gguf_name} when loading; not applicable to blocks")
+        raise NotImplementedError(
+            f"transformers reshapes or renames {gguf_name} when loading; not applicable to blocks"
+        )
     order = moved[:, 0]
     if np.array_equal(order, probe[:, 0]):
         return None
     if not np.array_equal(np.sort(order), probe[:, 0]):
-        raise NotImplementedError(f"transformers changes the values of {gguf_name} when loading, not only its row order")
+        raise NotImplementedError(
+            f"transformers changes the values of {gguf_name} when loading, not only its row order"
+        )
     return torch.from_numpy(order.astype(np.int64))
 
 
@@ -150,12 +160,16 @@ def _dense(header: GGUFHeader, info, processor=None) -> torch.Tensor:
     else:
         values = gguf.dequantize_reference(info.kind, data, info.shape)
     if processor is not None:
-        result = processor.process(weights=values.numpy().copy(), name=info.name, tensor_key_mapping={}, parsed_parameters={})
+        result = processor.process(
+            weights=values.numpy().copy(), name=info.name, tensor_key_mapping={}, parsed_parameters={}
+        )
         values = torch.from_numpy(np.ascontiguousarray(result.weights, dtype=np.float32)).reshape(info.shape)
     return values
 
 
-def _quantized_weight(header, info, scheme, group_size, dtype, order, compact) -> tuple[QuantizedWeight | torch.Tensor, str]:
+def _quantized_weight(
+    header, info, scheme, group_size, dtype, order, compact
+) -> tuple[QuantizedWeight | torch.Tensor, str]:
     """The stored form of one matrix and a phrase for the report."""
     rows, columns = info.shape
     if scheme == "file":
@@ -258,8 +272,12 @@ def _save_plan(path: Path, plan: _Plan) -> None:
             linears[module_path] = {"scheme": "int8"}
         else:
             tensors[f"{module_path}.packed"], tensors[f"{module_path}.scale_zeros"] = weight.packed, weight.scale_zeros
-            linears[module_path] = {"scheme": "int4", "group_size": weight.group_size, "planes": weight.planes,
-                                    "in_features": weight.in_features}
+            linears[module_path] = {
+                "scheme": "int4",
+                "group_size": weight.group_size,
+                "planes": weight.planes,
+                "in_features": weight.in_features,
+            }
     for name, tensor in plan.params.items():
         tensors[f"param:{name}"] = tensor.contiguous()
     manifest = {"version": _FORMAT_VERSION, "linears": linears, "tied": plan.tied, "report": plan.report}
@@ -280,8 +298,11 @@ def _load_plan(path: Path) -> _Plan | None:
             plan.linears[module_path] = Int8Weight(tensors[f"{module_path}.codes"], tensors[f"{module_path}.scales"])
         else:
             plan.linears[module_path] = Int4Weight(
-                tensors[f"{module_path}.packed"], tensors[f"{module_path}.scale_zeros"],
-                entry["group_size"], entry["planes"], entry["in_features"],
+                tensors[f"{module_path}.packed"],
+                tensors[f"{module_path}.scale_zeros"],
+                entry["group_size"],
+                entry["planes"],
+                entry["in_features"],
             )
     plan.params = {key.removeprefix("param:"): value for key, value in tensors.items() if key.startswith("param:")}
     return plan
@@ -341,7 +362,9 @@ def load_gguf_quantized(
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r} is not one of {SCHEMES}")
     if scheme in ("int8", "int4", "file"):
-        missing = kernels.available().missing("int8") or (kernels.available().missing("int4") if scheme != "int8" else "")
+        missing = kernels.available().missing("int8") or (
+            kernels.available().missing("int4") if scheme != "int8" else ""
+        )
         if missing:
             raise NotImplementedError(missing)
     gguf.require_gguf()

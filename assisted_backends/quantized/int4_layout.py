@@ -31,11 +31,19 @@ _PROBE_COLUMNS = 32
 
 @dataclass(frozen=True)
 class Int4Layout:
-    """Block size B and, per block height r ∈ {16, 32, 48, 64}, each lane's byte and nibble shift."""
+    """Block size B and, per block height r ∈ {16, 32, 48, 64}, each lane's byte and nibble shift.
+
+    The tables are [5, 64] tensors indexed by (r // 16, lane), −1 where a height has no table, so
+    `codes` is branch-free tensor code (torch.compile traces it without graph breaks).
+    """
 
     block_rows: int
-    byte: dict[int, torch.Tensor]  # r -> int64 [r]
-    shift: dict[int, torch.Tensor]  # r -> int64 [r]
+    byte: torch.Tensor  # int64 [5, 64]
+    shift: torch.Tensor  # int64 [5, 64]
+
+    @property
+    def heights(self) -> list[int]:
+        return [16 * index for index in range(1, 5) if bool((self.byte[index] >= 0).any())]
 
     def offsets(self, rows: torch.Tensor, out_features: int, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Byte offsets [R, K] and nibble shifts [R, 1] of the codes of `rows` in a packed [N, K/2]."""
@@ -43,17 +51,9 @@ class Int4Layout:
         start = torch.div(rows, self.block_rows, rounding_mode="floor") * self.block_rows
         height = torch.clamp(out_features - start, max=self.block_rows)
         lane = rows - start
-        missing = set(height.unique().tolist()) - set(self.byte)
-        if missing:
-            raise ValueError(f"no lane table for blocks of {sorted(missing)} rows")
-        byte = torch.zeros_like(rows)
-        shift = torch.zeros_like(rows)
-        for r in self.byte:
-            chosen = height == r
-            if chosen.any():
-                byte[chosen] = self.byte[r][lane[chosen]]
-                shift[chosen] = self.shift[r][lane[chosen]]
-        columns = torch.arange(in_features, dtype=torch.long)
+        byte = self.byte[height // 16, lane]
+        shift = self.shift[height // 16, lane]
+        columns = torch.arange(in_features, dtype=torch.long, device=rows.device)
         offsets = start[:, None] * (in_features // 2) + columns[None, :] * (height[:, None] // 2) + byte[:, None]
         return offsets, shift[:, None]
 
@@ -62,6 +62,11 @@ class Int4Layout:
         offsets, shift = self.offsets(rows, out_features, in_features)
         data = packed.reshape(-1)[offsets]
         return (data >> shift.to(torch.uint8)) & 0x0F
+
+    def covers(self, out_features: int) -> bool:
+        """Whether every row block of an N-row weight has a lane table."""
+        tail = out_features % self.block_rows
+        return (tail == 0 or tail in self.heights) and (out_features < self.block_rows or self.block_rows in self.heights)
 
 
 def _lane_tables(rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -86,10 +91,9 @@ def _reproduces(candidate: Int4Layout) -> bool:
     for n, k in ((176, 64), (80, 96), (16, 32), (256, 32), (112, 64)):
         codes = torch.randint(0, 16, (n, k), generator=generator, dtype=torch.int32)
         packed = pack_int4_codes(codes)
-        try:
-            read = candidate.codes(packed, torch.arange(n), n, k)
-        except ValueError:
+        if not candidate.covers(n):
             return False
+        read = candidate.codes(packed, torch.arange(n), n, k)
         if not torch.equal(read.to(torch.int32), codes):
             return False
     return True
@@ -100,8 +104,12 @@ def layout() -> Int4Layout:
     """The validated layout of this process's int4 packer; NotImplementedError if it is not understood."""
     tables = {rows: _lane_tables(rows) for rows in _LANE_COUNTS}
     for block_rows in _BLOCK_CANDIDATES:
-        heights = [r for r in _LANE_COUNTS if r <= block_rows and tables[r] is not None]
-        candidate = Int4Layout(block_rows, {r: tables[r][0] for r in heights}, {r: tables[r][1] for r in heights})
+        byte = torch.full((5, 64), -1, dtype=torch.long)
+        shift = torch.full((5, 64), -1, dtype=torch.long)
+        for r in _LANE_COUNTS:
+            if r <= block_rows and tables[r] is not None:
+                byte[r // 16, :r], shift[r // 16, :r] = tables[r]
+        candidate = Int4Layout(block_rows, byte, shift)
         if _reproduces(candidate):
             return candidate
     raise NotImplementedError(
@@ -114,7 +122,6 @@ def signature() -> str:
     """A short tag naming the packed layout (cache files are only valid for the layout that made them)."""
     found = layout()
     digest = 0
-    for r in sorted(found.byte):
-        for value in torch.cat([found.byte[r], found.shift[r]]).tolist():
-            digest = (digest * 131 + value + 1) % (1 << 61)
+    for value in torch.cat([found.byte.flatten(), found.shift.flatten()]).tolist():
+        digest = (digest * 131 + value + 1) % (1 << 61)
     return f"b{found.block_rows}-{digest:016x}"[:20]

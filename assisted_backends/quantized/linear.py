@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from assisted_backends.quantized import kernels
+from assisted_backends.quantized.int4_layout import layout
 from assisted_backends.quantized.packing import (
     Int4Weight,
     Int8Weight,
@@ -118,6 +119,7 @@ class QuantizedEmbedding(nn.Module):
         self.register_buffer(
             "embed_scale", None if embed_scale is None else torch.as_tensor(embed_scale, dtype=torch.float32)
         )
+        self.packed_layout = layout() if table.scheme == "int4" else None  # resolved once, outside forward
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         flat = input_ids.reshape(-1)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from assisted_backends.quantized import kernels
-from assisted_backends.quantized.int4_layout import layout
+from assisted_backends.quantized.int4_layout import Int4Layout, layout
 
 
 @dataclass
@@ -60,11 +60,11 @@ class Int4Weight:
     def shape(self) -> tuple[int, int]:
         return (self.scale_zeros.shape[1], self.in_features)
 
-    def rows(self, index: torch.Tensor) -> torch.Tensor:
+    def rows(self, index: torch.Tensor, packed_layout: Int4Layout | None = None) -> torch.Tensor:
         """Dequantized fp32 rows [R, K]: each plane as the kernel's fma, planes summed in fp32."""
         n, k = self.shape
         wide = k * self.planes
-        codes = layout().codes(self.packed, index, n, wide)  # [R, P·K]
+        codes = (packed_layout or layout()).codes(self.packed, index, n, wide)  # [R, P·K]
         sz = self.scale_zeros[:, index, :].float()  # [P·K/g, R, 2]
         weights = kernels.dequantize_int4(codes, sz[..., 0].t(), sz[..., 1].t(), self.group_size)
         return weights.view(len(index), self.planes, k).sum(dim=1) if self.planes > 1 else weights

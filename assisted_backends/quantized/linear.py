@@ -126,9 +126,8 @@ class QuantizedEmbedding(nn.Module):
         if self.scheme == "int8":
             rows = Int8Weight(self.codes, self.scales).rows(flat)
         else:
-            rows = Int4Weight(self.packed, self.scale_zeros, self.group_size, self.planes, self.embedding_dim).rows(
-                flat
-            )
+            weight = Int4Weight(self.packed, self.scale_zeros, self.group_size, self.planes, self.embedding_dim)
+            rows = weight.rows(flat, self.packed_layout)
         rows = rows.view(*input_ids.shape, self.embedding_dim)
         return rows if self.embed_scale is None else rows * self.embed_scale
 

@@ -64,7 +64,8 @@ class Int4Weight:
         """Dequantized fp32 rows [R, K]: each plane as the kernel's fma, planes summed in fp32."""
         n, k = self.shape
         wide = k * self.planes
-        codes = (packed_layout or layout()).codes(self.packed, index, n, wide)  # [R, P·K]
+        found = layout() if packed_layout is None else packed_layout
+        codes = found.codes(self.packed, index, n, wide)  # [R, P·K]
         sz = self.scale_zeros[:, index, :].float()  # [P·K/g, R, 2]
         weights = kernels.dequantize_int4(codes, sz[..., 0].t(), sz[..., 1].t(), self.group_size)
         return weights.view(len(index), self.planes, k).sum(dim=1) if self.planes > 1 else weights

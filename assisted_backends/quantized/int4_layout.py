@@ -66,7 +66,9 @@ class Int4Layout:
     def covers(self, out_features: int) -> bool:
         """Whether every row block of an N-row weight has a lane table."""
         tail = out_features % self.block_rows
-        return (tail == 0 or tail in self.heights) and (out_features < self.block_rows or self.block_rows in self.heights)
+        return (tail == 0 or tail in self.heights) and (
+            out_features < self.block_rows or self.block_rows in self.heights
+        )
 
 
 def _lane_tables(rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -378,16 +378,18 @@ def load_gguf_quantized(
     if caching and (directory / "config.json").is_file() and weights.is_file():
         from transformers import AutoConfig, AutoTokenizer
 
-        pending = None
-        if tokenizer and (directory / "tokenizer").is_dir():
-            pending = _Background(lambda: AutoTokenizer.from_pretrained(str(directory / "tokenizer")), started)
-        elif tokenizer:
-            pending = _Background(lambda: _tokenizer_from_file(path, directory), started)
         plan = _load_plan(weights)
         if plan is not None:
             config = AutoConfig.from_pretrained(str(directory))
             model = _install(_skeleton(config), plan)
-            return LoadedGGUF(model, pending, directory, True, time.perf_counter() - started, plan.report)
+            ready = time.perf_counter() - started
+            # After the model: a tokenizer thread started earlier would slow the model's build (GIL).
+            pending = None
+            if tokenizer and (directory / "tokenizer").is_dir():
+                pending = _Background(lambda: AutoTokenizer.from_pretrained(str(directory / "tokenizer")), started)
+            elif tokenizer:
+                pending = _Background(lambda: _tokenizer_from_file(path, directory), started)
+            return LoadedGGUF(model, pending, directory, True, ready, plan.report)
 
     header = read_header(path)
     config = load_config(header)

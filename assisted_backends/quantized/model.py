@@ -11,9 +11,17 @@ each tensor in:
 - the input embedding -> `QuantizedEmbedding` over the same kind of table; a tied LM head shares it;
 - norms, biases and other small tensors -> fp32, through transformers' processing (Gemma's norm − 1).
 The tokenizer comes from transformers (`AutoTokenizer.from_pretrained(folder, gguf_file=name)`), built
-in a thread while the weights are repacked. Config, tokenizer and packed tensors (one safetensors
-file per scheme, compute dtype and int4 byte layout) go to the cache (`cache.py`); later loads read
-them back. Scheme "dense" gives plain fp32 weights (gguf's dequantization) for comparisons; not cached.
+in a thread while the weights are repacked (first load) or after the model is built (cached load:
+started earlier it slows the model's build through the GIL). Config, tokenizer and packed tensors
+(one safetensors file per scheme, compute dtype and int4 byte layout) go to the cache (`cache.py`);
+later loads read them back. Scheme "dense" gives plain fp32 weights (gguf's dequantization) for
+comparisons; not cached.
+
+Measured 2026-11-25 (AMD EPYC, 2 shared cores, load average about 2, fresh processes, after
+`import torch, transformers`): SmolLM2-135M Q4_1 (98 MB): first load 5.8 s, cached 2.2 s, weights
+97 MiB (1.04x the file). Gemma 3 270M Q4_K_M (253 MB): first load 11.3 s with the tokenizer ready
+at 21.9 s (transformers' GGUF tokenizer path reads the file with gguf.GGUFReader, about 18 s of it),
+cached 2.3 s (tokenizer 5.7 s), weights 315 MiB (1.30x).
 """
 
 from __future__ import annotations

@@ -119,6 +119,17 @@ def returned_cache(output):
 MASKED_POSITION_ID = 0 if _TRANSFORMERS_VERSION >= (5, 0) else 1
 
 
+def activation_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a model's hidden states have: its first floating-point parameter's; fp32 when it has none left
+    (every weight quantized into buffers, parameter-free norms)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's weights live (its first parameter or buffer)."""
+    return next((t.device for t in [*model.parameters(), *model.buffers()]), torch.device("cpu"))
+
+
 def dtype_kwargs(dtype: torch.dtype | None) -> dict[str, torch.dtype]:
     """The keyword `from_pretrained` takes a dtype under: `dtype` from transformers 4.56, `torch_dtype` before."""
     if dtype is None:

@@ -244,7 +244,7 @@ def llama_cpp_available() -> bool:
     import importlib.util
     import subprocess
 
-    from assisted_backends.loading.files import cache_root
+    from assisted_backends.cache_dir import cache_root
 
     if importlib.util.find_spec("llama_cpp") is not None:
         importlib.import_module("llama_cpp")

@@ -18,6 +18,7 @@ from gguf_fixtures import write_llama_gguf  # noqa: E402
 from tiny_models import tiny_model  # noqa: E402
 
 import assisted_backends  # noqa: E402
+from assisted_backends.cache_dir import cache_root  # noqa: E402
 from assisted_backends.cli import main  # noqa: E402
 from assisted_backends.demo.corpus import read_corpus  # noqa: E402
 from assisted_backends.demo.tokenizer import train_tokenizer  # noqa: E402
@@ -55,7 +56,7 @@ def _plain(model, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
 def test_gguf_converts_once_into_the_cache_with_the_same_weights_and_tokenizer(tiny_pair, gguf_file, monkeypatch):
     model, tokenizer = tiny_pair
     folder = model_files.model_dir(gguf_file)
-    assert folder.startswith(str(model_files.cache_root() / "gguf")) and "tiny-llama-" in folder
+    assert folder.startswith(str(cache_root() / "gguf")) and "tiny-llama-" in folder
     loaded = models.load_model(gguf_file)
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
@@ -127,4 +128,4 @@ def test_a_saved_directory_beside_a_gguf_file_is_loaded_as_saved(tiny_pair, gguf
     model, _ = tiny_pair
     model.save_pretrained(gguf_file.parent)  # config.json now sits next to the .gguf
     assert model_files.model_dir(gguf_file.parent) == str(gguf_file.parent)
-    assert not (model_files.cache_root() / "gguf").exists()  # nothing converted
+    assert not (cache_root() / "gguf").exists()  # nothing converted

@@ -62,7 +62,7 @@ class AssistedGenerator:
     ) -> None:
         ranges.check_integer("bucket_size", bucket_size, minimum=1)
         self.model, self.assistant_model, self.tokenizer, self.assistant_tokenizer = models.load_arguments(
-            model, assistant_model, tokenizer, assistant_tokenizer
+            model, assistant_model, tokenizer, assistant_tokenizer, dtype, draft_precision
         )
         self.backend = backend or resolve_backend(device, BackendOptions(dtype, draft_precision, bucket_size))
         self.facts = ModelFacts.of(self.model)

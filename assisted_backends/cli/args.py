@@ -44,8 +44,8 @@ def cli_spelling(option: str, value: Any = NO_VALUE) -> str:
     return flag if value is NO_VALUE or value is True else f"{flag} {value}"
 
 
-DTYPES = ("auto", "fp32", "bf16", "fp16")
-DRAFT_PRECISIONS = ("fp32", "bf16", "w8af32")
+DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
+DRAFT_PRECISIONS = ("fp32", "bf16", "int8", "int4", "w8af32")
 
 
 def _both(name: str) -> list[str]:
@@ -145,9 +145,10 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
     device.add_argument(
         "--dtype",
         choices=DTYPES,
-        default="fp32",
-        help="target precision (default fp32: greedy output is exact and the same on every run); auto = bf16 "
-        "where the device runs it fast: faster, but near-ties may resolve differently from run to run",
+        default=None,
+        help="target precision (default: a .gguf file's own quantization, else fp32, where greedy output is "
+        "the same on every run); fp32 on a .gguf: its dequantized weights; int8/int4: weight-only quantized "
+        "(CPU); auto = bf16 where the device runs it fast (near-ties may resolve differently from fp32)",
     )
     device.add_argument(
         "--threads",

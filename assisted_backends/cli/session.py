@@ -12,12 +12,12 @@ import torch
 
 import assisted_backends
 from assisted_backends.backends import Backend, BackendOptions, resolve_backend
-from assisted_backends.backends.base import DTYPES
 from assisted_backends.backends.cpu import affinity
 from assisted_backends.cli.errors import CLIError
 from assisted_backends.cli.loading import default_assistant
 from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
 from assisted_backends.distributed import launch as distributed
+from assisted_backends.loading.files import find_gguf
 from assisted_backends.loading.models import load_model, load_tokenizer, saved_generation_config
 
 SAVED_DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit")  # a checkpoint may ask for these itself
@@ -199,10 +199,10 @@ def open_session(args: argparse.Namespace) -> Session:
     notices: list[str] = []
     threads = _choose_threads(args)  # before any model runs, so every op uses the pool it will keep
     target_name, draft_name, held_out = _pick_models(args, notices)
-    options = BackendOptions(dtype=args.dtype, draft_precision=args.draft_precision, bucket_size=args.bucket_size)
+    dtype = args.dtype or (None if find_gguf(target_name) else "fp32")  # a .gguf keeps its own quantization
+    options = BackendOptions(dtype=dtype, draft_precision=args.draft_precision, bucket_size=args.bucket_size)
     backend = resolve_backend(args.device, options)
-    load_dtype = DTYPES.get(args.dtype)
-    target = load_model(target_name, "-m/--model", load_dtype)
+    target = load_model(target_name, "-m/--model", dtype)
     launch = distributed.launch_context()
     if launch is not None:  # deepspeed / torchrun: shard the target (AutoTP); every rank keeps a full draft
         distributed.init_distributed(launch, backend.name)
@@ -211,7 +211,7 @@ def open_session(args: argparse.Namespace) -> Session:
     tokenizer = load_tokenizer(target_name, "-m/--model")
     draft = draft_tokenizer = None
     if draft_name is not None:
-        draft = backend.prepare(load_model(draft_name, "--assistant-model", None), "draft")
+        draft = backend.prepare(load_model(draft_name, "--assistant-model", args.draft_precision), "draft")
         draft_tokenizer = load_tokenizer(draft_name, "--assistant-model")
     text = open(held_out, encoding="utf-8").read() if held_out else None
     return Session(args, backend, target, tokenizer, draft, draft_tokenizer, notices, text, threads)

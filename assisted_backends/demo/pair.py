@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
+from assisted_backends.cache_dir import cache_root
 from assisted_backends.demo.corpus import read_corpus
 from assisted_backends.demo.tokenizer import train_tokenizer
 from assisted_backends.demo.train import ModelShape, distill, train_models
@@ -88,15 +88,10 @@ def shipped_pair() -> DemoPair | None:
     return pair if is_prepared(pair) else None
 
 
-def default_cache_root() -> Path:
-    base = os.environ.get("ASSISTED_BACKENDS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "assisted_backends"
-
-
 def demo_pair_dirs(root: Path | None = None, budget: DemoBudget | None = None) -> DemoPair:
     """Where the pair for `budget` lives (whether or not it was prepared yet)."""
     budget = budget or DemoBudget()
-    return DemoPair.at(Path(root or default_cache_root()) / f"demo-pair-v{DEMO_VERSION}-{budget.key()}")
+    return DemoPair.at(Path(root or cache_root()) / f"demo-pair-v{DEMO_VERSION}-{budget.key()}")
 
 
 def is_prepared(pair: DemoPair) -> bool:

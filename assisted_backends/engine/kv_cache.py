@@ -93,9 +93,12 @@ class StaticLayout(CacheLayout):
     def __init__(self, model: PreTrainedModel, pad: torch.Tensor, capacity: int) -> None:
         super().__init__(pad)
         self.capacity = capacity
-        parameter = next(model.parameters())
         self._cache = hf_compat.new_static_cache(
-            model, batch_size=pad.shape[0], max_cache_len=capacity, dtype=parameter.dtype, device=parameter.device
+            model,
+            batch_size=pad.shape[0],
+            max_cache_len=capacity,
+            dtype=hf_compat.activation_dtype(model),
+            device=hf_compat.model_device(model),
         )
         self._mask = self._padding_mask(capacity)  # [B, capacity], fixed for the whole generation
 

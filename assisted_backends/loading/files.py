@@ -11,12 +11,13 @@ read that directory, which is several times faster than parsing the GGUF again a
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from assisted_backends.cache_dir import cache_root, file_sha256
 
 GGUF_INSTALL = "pip install gguf accelerate"  # or the package's extra: pip install "assisted_backends[gguf]"
 GGUF_SUFFIX = ".gguf"
@@ -28,14 +29,6 @@ class ModelFileError(ValueError):
 
 class MissingGGUFError(ImportError):
     """A `.gguf` model argument on an installation without the `gguf` (or `accelerate`) package."""
-
-
-def cache_root() -> Path:
-    """`$ASSISTED_BACKENDS_CACHE`, else `$XDG_CACHE_HOME/assisted_backends`, else `~/.cache/assisted_backends`."""
-    if os.environ.get("ASSISTED_BACKENDS_CACHE"):
-        return Path(os.environ["ASSISTED_BACKENDS_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "assisted_backends"
 
 
 def _looks_like_path(name: str) -> bool:
@@ -76,15 +69,6 @@ def require_gguf(path: Path, what: str = "model") -> None:
             f"{what} {path} is a GGUF file, and loading it needs the {' and '.join(missing)} "
             f"package{'s' if len(missing) > 1 else ''}: {GGUF_INSTALL}"
         )
-
-
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def converted_dir(gguf: Path) -> Path:

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from assisted_backends import hf_compat
+from assisted_backends.backends.base import DTYPES
 from assisted_backends.loading import files
 from assisted_backends.loading.files import ModelFileError
 
@@ -31,12 +32,23 @@ def _offline(name: str, what: str) -> ModelFileError:
     )
 
 
-def load_model(name: str | os.PathLike, what: str = "model", dtype=None):
-    """`AutoModelForCausalLM.from_pretrained` in eval mode, local files first; `dtype` a torch dtype or None."""
+def load_model(name: str | os.PathLike, what: str = "model", precision: str | None = None):
+    """The model `name` stands for, in eval mode, local files first.
+
+    `precision` (the backend's `dtype` / `draft_precision` names): a `.gguf` file keeps its own quantization
+    by default (None), or is requantized ("int8", "int4") straight from its blocks (`quantized.model`);
+    any other precision loads the dequantized fp32 conversion (`loading.files`), cast to "fp32" / "bf16" /
+    "fp16" when named. A checkpoint is loaded in the dtype named ("fp32" / "bf16" / "fp16"), else its own."""
     from transformers import AutoModelForCausalLM
 
+    gguf = files.find_gguf(name, what)
+    if gguf is not None and precision in (None, "int8", "int4"):
+        files.require_gguf(gguf, what)
+        from assisted_backends.quantized.model import load_gguf_quantized
+
+        return load_gguf_quantized(gguf, scheme=precision or "file", tokenizer=False).model.eval()
     resolved = resolve(str(name), what)
-    kwargs = hf_compat.dtype_kwargs(dtype)  # `dtype=` or, before transformers 4.56, `torch_dtype=`
+    kwargs = hf_compat.dtype_kwargs(DTYPES.get(precision))  # `dtype=` or, before transformers 4.56, `torch_dtype=`
     try:
         return AutoModelForCausalLM.from_pretrained(resolved, local_files_only=True, **kwargs).eval()
     except (OSError, ValueError) as local_error:
@@ -51,9 +63,15 @@ def load_model(name: str | os.PathLike, what: str = "model", dtype=None):
 
 
 def load_tokenizer(name: str | os.PathLike, what: str = "model"):
-    """`AutoTokenizer.from_pretrained`, local files first."""
+    """`AutoTokenizer.from_pretrained`, local files first; a `.gguf` file's from its own cache entry."""
     from transformers import AutoTokenizer
 
+    gguf = files.find_gguf(name, what)
+    if gguf is not None:
+        files.require_gguf(gguf, what)
+        from assisted_backends.quantized.model import load_gguf_tokenizer
+
+        return load_gguf_tokenizer(gguf)
     resolved = resolve(str(name), what)
     try:
         return AutoTokenizer.from_pretrained(resolved, local_files_only=True)
@@ -85,16 +103,18 @@ def saved_generation_config(name: str | os.PathLike, what: str = "model") -> dic
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def load_arguments(model, assistant_model, tokenizer, assistant_tokenizer) -> tuple:
-    """`generate`'s model arguments with every `str`/`Path` loaded. When the two loaded models have different
-    vocabularies and no tokenizers were given, both names' tokenizers are loaded too, so cross-tokenizer
-    drafting works."""
+def load_arguments(
+    model, assistant_model, tokenizer, assistant_tokenizer, dtype: str | None = None, draft_precision: str | None = None
+) -> tuple:
+    """`generate`'s model arguments with every `str`/`Path` loaded (in `dtype` / `draft_precision`, see
+    `load_model`). When the two loaded models have different vocabularies and no tokenizers were given, both
+    names' tokenizers are loaded too, so cross-tokenizer drafting works."""
     model_name = model if isinstance(model, (str, os.PathLike)) else None
     draft_name = assistant_model if isinstance(assistant_model, (str, os.PathLike)) else None
     if model_name is not None:
-        model = load_model(model_name, "model")
+        model = load_model(model_name, "model", dtype)
     if draft_name is not None:
-        assistant_model = load_model(draft_name, "assistant_model")
+        assistant_model = load_model(draft_name, "assistant_model", draft_precision or dtype)
     if model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None:
         if model.get_input_embeddings().num_embeddings != assistant_model.get_input_embeddings().num_embeddings:
             tokenizer = load_tokenizer(model_name, "model")

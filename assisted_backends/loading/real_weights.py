@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from assisted_backends.cache_dir import cache_root
 from assisted_backends.loading import files as model_files
 
 
@@ -54,7 +55,7 @@ def _spec(name: str) -> RealModel:
 
 
 def _wheel_dir(name: str) -> Path:
-    return model_files.cache_root() / "wheels" / name
+    return cache_root() / "wheels" / name
 
 
 def install_command(name: str) -> list[str]:
@@ -89,7 +90,7 @@ def real_model_gguf(name: str) -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing from the {spec.wheels[0]} wheel; reinstall it")
         return path
-    output = model_files.cache_root() / "real_gguf" / spec.gguf_name
+    output = cache_root() / "real_gguf" / spec.gguf_name
     if not output.is_file():
         # The assembler imports its chunk packages: run it where `root` is on the path, in a child.
         script = (

@@ -10,7 +10,6 @@ Every file is written under a temporary name in the same directory and renamed i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,24 +17,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from assisted_backends.cache_dir import cache_root as package_cache
+from assisted_backends.cache_dir import file_sha256
+
 _INDEX = "sha256.json"
 
 
 def cache_root() -> Path:
-    """`$ASSISTED_BACKENDS_CACHE/quantized` (or the XDG / home default)."""
-    if os.environ.get("ASSISTED_BACKENDS_CACHE"):
-        base = Path(os.environ["ASSISTED_BACKENDS_CACHE"]).expanduser()
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "assisted_backends"
-    return base / "quantized"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """`<the package's cache>/quantized`."""
+    return package_cache() / "quantized"
 
 
 def remembered_sha256(path: Path, root: Path | None = None) -> str:

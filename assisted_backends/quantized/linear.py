@@ -48,6 +48,15 @@ class QuantizedLinear(nn.Module):
             self.compute_dtype = weight.scale_zeros.dtype
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
+    def _apply(self, fn, recurse: bool = True):
+        """`.to(dtype)` / `.float()` on a model casts every float buffer: the scales keep the kernels' dtype."""
+        super()._apply(fn, recurse)
+        for name in ("scales", "scale_zeros"):
+            buffer = getattr(self, name, None)
+            if buffer is not None and buffer.dtype != self.compute_dtype:
+                setattr(self, name, kernels.aligned(buffer.to(self.compute_dtype)))
+        return self
+
     @classmethod
     def from_float(
         cls,
@@ -217,3 +226,9 @@ def quantize_model(
             setattr(parent, name, layer)
     model.quantization_report = report
     return model
+
+
+def quantized_scheme(model: nn.Module) -> str | None:
+    """The scheme of `model`'s quantized layers ("int8", "int4", "int8+int4" for a mix), or None if it has none."""
+    schemes = sorted({m.scheme for m in model.modules() if isinstance(m, QuantizedLinear)})
+    return "+".join(schemes) if schemes else None

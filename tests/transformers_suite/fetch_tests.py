@@ -40,7 +40,9 @@ PATHS = ("tests", "utils", "conftest.py", "pyproject.toml", "src/transformers/__
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("ASSISTED_BACKENDS_CACHE", Path.home() / ".cache" / "assisted_backends"))
+    from assisted_backends.cache_dir import cache_root as package_cache
+
+    return package_cache()
 
 
 def installed_version() -> str:

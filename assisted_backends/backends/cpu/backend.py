@@ -3,8 +3,12 @@
 - `dtype=None` keeps the model's dtype (the reference path: nothing is cast or rewritten);
   `dtype="auto"` runs the target in bf16 where the CPU has AMX-BF16 or AVX512-BF16, fp32 elsewhere;
   `"fp32"`, `"bf16"`, `"fp16"` force one and are refused where they would be emulated.
-- `draft_precision`: None (as the target), `"fp32"`, `"bf16"` or `"w8af32"` (int8 linear weights,
-  fp32 activations; `assisted_backends/backends/cpu/quantize.py`).
+- `dtype="int8"` / `"int4"`: weight-only quantized linear layers (`quantized.linear`), the model
+  quantized in place; a model that came quantized (a `.gguf` file) keeps its weights. Quantized targets
+  get batch-invariant attention (`invariant_attention`), so a verify pass computes the logits the
+  one-token steps would, bit for bit.
+- `draft_precision`: None (as the target), `"fp32"`, `"bf16"`, `"int8"`, `"int4"` or `"w8af32"` (int8
+  linear weights, fp32 activations; `quantize.py`), on a copy of the draft.
 - intel-extension-for-pytorch where it loads (`ASSISTED_BACKENDS_IPEX=auto|on|off`, backends/cpu/ipex.py).
 - `describe()` reports what was chosen and why, and the threads and CPU affinity the process got.
 
@@ -22,17 +26,33 @@ from weakref import WeakKeyDictionary
 
 import torch
 
+from assisted_backends import hf_compat
 from assisted_backends.backends.base import Backend, ModelRole, dtype_name
-from assisted_backends.backends.cpu import affinity, cpu_features, ipex, precision, quantize
+from assisted_backends.backends.cpu import affinity, cpu_features, invariant_attention, ipex, precision, quantize
+from assisted_backends.quantized import kernels
+from assisted_backends.quantized.linear import quantize_model, quantized_scheme
 
 PREPARED_ATTRIBUTE = "_assisted_backends_cpu"  # the preparation a model already went through
+VERIFY_ATTRIBUTE = "_assisted_backends_verify"  # a quantized target's attention and verify-pass invariance
 _COPIES: WeakKeyDictionary[torch.nn.Module, dict[tuple, torch.nn.Module]] = WeakKeyDictionary()
 _CAST_FROM: WeakKeyDictionary[torch.nn.Module, torch.dtype] = WeakKeyDictionary()  # dtype before our in-place cast
 
 
-def _model_dtype(model: torch.nn.Module) -> torch.dtype:
-    parameter = next(model.parameters(), None)
-    return parameter.dtype if parameter is not None else torch.float32
+def _label(choice: precision.Choice, loaded: str | None, dtype: torch.dtype) -> str:
+    """The precision a prepared model runs in, as the report names it."""
+    if choice.quantize == "w8af32":
+        return f"w8af32[{quantize.DEFAULT_METHOD}]"
+    if loaded and not choice.quantize:
+        return f"{loaded} (as loaded)"
+    return choice.quantize or dtype_name(dtype)
+
+
+def _quantized(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
+    """`model` with its linear layers quantized; the input embedding too when the LM head shares its weight (the
+    head then reads the quantized table every step), else it stays float (a step reads only its gathered rows)."""
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = head is not None and getattr(head, "weight", None) is getattr(embedding, "weight", False)
+    return quantize_model(model, scheme, embeddings=tied)
 
 
 class CPUBackend(Backend):
@@ -47,8 +67,13 @@ class CPUBackend(Backend):
         self.draft_precision = precision.draft_choice(
             self.options.draft_precision, self.target_precision, self.features
         )
-        if self.draft_precision.quantize:
+        if self.draft_precision.quantize == "w8af32":
             quantize.check_supported()
+        for choice in (self.target_precision, self.draft_precision):
+            if choice.quantize in ("int8", "int4"):
+                missing = kernels.available().missing(choice.quantize)
+                if missing:
+                    raise NotImplementedError(f"{choice.name} weights need PyTorch's CPU kernel: {missing}")
         self.ipex_mode = ipex.requested_mode()
         self.ipex_status = ipex.status() if self.ipex_mode != "off" else None
         if self.ipex_mode == "on":
@@ -72,22 +97,21 @@ class CPUBackend(Backend):
             affinity.warn_if_oversubscribed()
             self._warned = True
         choice = self._choice(role)
-        current = _model_dtype(model)
-        if choice.quantize:
-            use_ipex, ipex_reason = False, "not used: w8af32 runs on PyTorch's int8 kernels"
+        current = hf_compat.activation_dtype(model)
+        loaded = quantized_scheme(model)  # weights that came quantized (a .gguf file) stay so
+        if choice.quantize or loaded:
+            use_ipex, ipex_reason = False, "not used: quantized weights run on PyTorch's int8/int4 kernels"
             dtype = torch.float32
         else:
             dtype = choice.dtype or current
             use_ipex, ipex_reason = ipex.wanted(self.ipex_mode, dtype, self.ipex_status)
-        label = f"w8af32[{quantize.DEFAULT_METHOD}]" if choice.quantize else dtype_name(dtype)
+        label = _label(choice, loaded, dtype)
         signature = (label, use_ipex)
-        self._chosen[role] = {
-            "precision": label,
-            "reason": choice.reason if choice.dtype is not None else f"{choice.reason}: {dtype_name(current)}",
-            "ipex": ipex_reason,
-        }
+        reason = choice.reason if (choice.dtype is not None or loaded) else f"{choice.reason}: {dtype_name(current)}"
+        self._chosen[role] = {"precision": label, "reason": reason, "ipex": ipex_reason}
         previous = getattr(model, PREPARED_ATTRIBUTE, None)
         if previous == signature:
+            self._chosen[role].update(getattr(model, VERIFY_ATTRIBUTE, {}))
             return model
         cached = _COPIES.get(model, {}).get(signature)
         if cached is not None:
@@ -98,23 +122,43 @@ class CPUBackend(Backend):
                 f"this model was rewritten in place by intel-extension-for-pytorch ({previous[0]}), so it cannot "
                 f"also run as {label}: load it again, or pass a separate draft model"
             )
-        needs_copy = choice.quantize or (role == "draft" and (dtype != current or use_ipex))
-        if needs_copy:
+        if role == "draft" and (choice.quantize or dtype != current or use_ipex):
             prepared = self._prepared_copy(model, choice, dtype)
             _COPIES.setdefault(model, {})[signature] = prepared
+        elif choice.quantize and not loaded:
+            prepared = self._quantized_in_place(model, choice.quantize)
+        elif loaded:
+            prepared = model.to(self.device).eval()  # its float parts stay as they came
         else:
             prepared = self._prepared_in_place(model, dtype, current)
         if use_ipex:
             prepared = ipex.optimize(prepared, dtype)
+        if role == "target" and quantized_scheme(prepared):
+            # its weight kernels are batch-invariant: attention row by row makes the verify pass so too
+            enabled = invariant_attention.enable(prepared)
+            refused = invariant_attention.supported(prepared) or "the model does not switch attention implementations"
+            difference = invariant_attention.verify_pass_difference(prepared)
+            setattr(prepared, VERIFY_ATTRIBUTE, {
+                "attention": "batch-invariant" if enabled else refused,
+                "verify_pass": difference or "bit-identical to one-token steps",
+            })  # fmt: skip
+        self._chosen[role].update(getattr(prepared, VERIFY_ATTRIBUTE, {}))
         setattr(prepared, PREPARED_ATTRIBUTE, signature)
         return prepared
 
     def _prepared_copy(self, model: torch.nn.Module, choice: precision.Choice, dtype: torch.dtype) -> torch.nn.Module:
-        if choice.quantize:
+        if choice.quantize == "w8af32":
             if quantize.is_quantized(model):
                 raise ValueError("this draft is already w8af32-quantized: pass the original draft model")
             return quantize.quantize_w8af32(model.to(self.device))
+        if choice.quantize:
+            return _quantized(copy.deepcopy(model).to(self.device, torch.float32).eval(), choice.quantize)
         return copy.deepcopy(model).to(self.device, dtype).eval()
+
+    def _quantized_in_place(self, model: torch.nn.Module, scheme: str) -> torch.nn.Module:
+        """The target's linear layers (and embedding) quantized in place, as a dtype cast is done in place."""
+        _CAST_FROM.setdefault(model, hf_compat.activation_dtype(model))
+        return _quantized(model.to(self.device, torch.float32).eval(), scheme)
 
     def _prepared_in_place(self, model: torch.nn.Module, dtype: torch.dtype, current: torch.dtype) -> torch.nn.Module:
         original = _CAST_FROM.get(model)
@@ -140,12 +184,15 @@ class CPUBackend(Backend):
             choice = self._choice(role)
             key = "dtype" if role == "target" else "draft_precision"
             if chosen is None:  # not prepared yet: what will be chosen
-                report[key] = "w8af32" if choice.quantize else (dtype_name(choice.dtype) if choice.dtype else "model")
+                report[key] = choice.quantize or (dtype_name(choice.dtype) if choice.dtype else "model")
                 report[f"{key}_reason"] = choice.reason
                 continue
             report[key] = chosen["precision"]
             report[f"{key}_reason"] = chosen["reason"]
             report[f"ipex_{role}"] = chosen["ipex"]
+            for key in ("attention", "verify_pass"):
+                if key in chosen:
+                    report[f"{role}_{key}"] = chosen[key]
         if self.ipex_status is None:
             report["ipex"] = f"off ({ipex.ENV}=off)"
         else:

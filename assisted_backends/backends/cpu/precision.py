@@ -1,15 +1,19 @@
 """Which dtype the target and the draft run in on a CPU, and why (pure functions, easy to test).
 
 `dtype` (the target):
-- None: keep the model's own dtype (the reference path; like `model.generate`).
+- None: keep the model's own dtype (the reference path; like `model.generate`); a model loaded with
+  quantized weights (a `.gguf` file) keeps them.
 - "auto": bf16 where the CPU has AMX-BF16 or AVX512-BF16, else fp32.
 - "fp32" / "bf16" / "fp16": forced; bf16 and fp16 are refused where they would be emulated.
+- "int8" / "int4": weight-only quantized linear layers (per-row int8, or int4 in groups of 32) on
+  PyTorch's CPU kernels, bf16 inside the kernels and fp32 between them (`quantized.linear`); the
+  model is quantized in place, as a cast is.
 
 `draft_precision` (the draft):
 - None: whatever the target resolved to (None keeps the draft's own dtype).
-- "fp32" / "bf16": as above.
+- "fp32" / "bf16" / "int8" / "int4": as above, on a copy of the draft.
 - "w8af32": int8 linear weights with per-output-channel scales, fp32 activations at module
-  boundaries (see `quantize.py`).
+  boundaries (see `quantize.py`); "int8" with a choice of kernel (`quantize.METHODS`).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from assisted_backends.backends.base import DTYPES
 from assisted_backends.backends.cpu.cpu_features import CPUFeatures
 from assisted_backends.options.errors import OptionError
 
-TARGET_CHOICES = ("auto", *DTYPES)
-DRAFT_CHOICES = ("fp32", "bf16", "w8af32")
+QUANTIZED = ("int8", "int4")
+TARGET_CHOICES = ("auto", *DTYPES, *QUANTIZED)
+DRAFT_CHOICES = ("fp32", "bf16", *QUANTIZED, "w8af32")
 _ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -33,12 +38,13 @@ class UnsupportedPrecisionError(OptionError):
 
 @dataclass(frozen=True)
 class Choice:
-    """A resolved precision: `dtype` None means "leave the model as it is"; `quantize` means w8af32."""
+    """A resolved precision: `dtype` None means "leave the model as it is"; `quantize` names the weight-only
+    scheme ("int8", "int4", "w8af32"; None: no quantization)."""
 
-    name: str  # "fp32", "bf16", "fp16", "w8af32", or "model" (kept as loaded)
+    name: str  # "fp32", "bf16", "fp16", "int8", "int4", "w8af32", or "model" (kept as loaded)
     dtype: torch.dtype | None
     reason: str
-    quantize: bool = False
+    quantize: str | None = None
 
 
 def _normalise(value: str | None) -> str | None:
@@ -79,9 +85,12 @@ def target_choice(dtype: str | None, features: CPUFeatures) -> Choice:
         if support:
             return Choice("bf16", torch.bfloat16, f"dtype='auto': bf16 on {support}")
         return Choice("fp32", torch.float32, "dtype='auto': fp32, this CPU has no AMX-BF16 or AVX512-BF16")
+    if name in QUANTIZED:
+        return Choice(name, torch.float32, f"dtype={name!r} asked for", quantize=name)
     if name not in DTYPES:
-        raise OptionError(f"{{name}} is not one of {TARGET_CHOICES} (or None to keep the model's dtype)",
-                          name=("dtype", dtype))  # fmt: skip
+        raise OptionError(
+            f"{{name}} is not one of {TARGET_CHOICES} (or None to keep the model's dtype)", name=("dtype", dtype)
+        )
     return _forced(name, "dtype", features)
 
 
@@ -89,9 +98,11 @@ def draft_choice(draft_precision: str | None, target: Choice, features: CPUFeatu
     """The draft's precision; None follows the target's resolved choice."""
     name = _normalise(draft_precision)
     if name is None:
-        return Choice(target.name, target.dtype, f"draft_precision not given: same as the target ({target.name})")
-    if name == "w8af32":
-        return Choice("w8af32", torch.float32, "draft_precision='w8af32' asked for", quantize=True)
+        return Choice(
+            target.name, target.dtype, f"draft_precision not given: same as the target ({target.name})", target.quantize
+        )
+    if name in ("w8af32", *QUANTIZED):
+        return Choice(name, torch.float32, f"draft_precision={name!r} asked for", quantize=name)
     if name not in DRAFT_CHOICES:
         raise OptionError(
             f"{{name}} is not one of {DRAFT_CHOICES} (or None)", name=("draft_precision", draft_precision)

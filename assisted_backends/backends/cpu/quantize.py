@@ -6,10 +6,10 @@ machine (benchmarks/w8af32_paths.py -> benchmarks/results/w8af32_paths.json, and
 benchmarks/xeon_draft_step.py):
 
 - "int8pack" (default): weight-only int8 with bf16 compute inside, `torch.ops.aten._weight_int8pack_mm`
-  (a maintained core op; the kernel torchao's int8 weight-only path and gpt-fast lower to). PyTorch
-  ships the op but no module around it, so the small `Int8PackedLinear` below is the one piece
-  written here. The op reads garbage (or crashes) when the input width is not a multiple of 16 on
-  the CPU, so such layers keep their fp32 weights. Activations stay unquantized, so the draft agrees
+  (a maintained core op; the kernel torchao's int8 weight-only path and gpt-fast lower to), through
+  `quantized.linear.QuantizedLinear` (the package's one int8/int4 layer). The op reads garbage (or
+  crashes) when the input width is not a multiple of 16 on the CPU, so such layers keep their fp32
+  weights. Activations stay unquantized, so the draft agrees
   with its fp32 self as often as before: SmolLM2-135M verifying its own int8pack copy accepted 90% of
   drafts, its `dynamic` copy 45%.
 - "dynamic": `torch.ao.quantization.quantize_dynamic` with per-channel int8 weights; each linear also
@@ -33,33 +33,11 @@ import warnings
 import torch
 from torch import nn
 
+from assisted_backends.quantized.linear import quantize_model
+
 METHODS = ("dynamic", "int8pack")
 DEFAULT_METHOD = "int8pack"
 QUANTIZED_ATTRIBUTE = "_assisted_backends_w8af32"  # set on a quantized model: the method used
-
-
-class Int8PackedLinear(nn.Module):
-    """y = x Wᵀ + b, W [N, K] stored int8 with a bf16 scale per output row; bf16 compute, x's dtype out."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        weight = weight.detach().float()  # [N, K]
-        scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0  # [N]
-        quantized = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.register_buffer("weight", quantized.contiguous())  # [N, K] int8
-        self.register_buffer("scale", scale.to(torch.bfloat16))  # [N]
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, K]
-        scale = self.scale.to(torch.bfloat16)  # no copy unless a model-wide .to(dtype) cast it
-        out = torch.ops.aten._weight_int8pack_mm(rows, self.weight, scale)  # [M, N] bf16
-        out = out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-        return out if self.bias is None else out + self.bias
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, bf16 compute"
 
 
 def _conv1d_to_linear(model: nn.Module) -> None:
@@ -79,10 +57,7 @@ def _conv1d_to_linear(model: nn.Module) -> None:
 
 
 def _int8pack(model: nn.Module) -> None:
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.in_features % 16 == 0:
-                setattr(parent, name, Int8PackedLinear(child.weight, child.bias))
+    quantize_model(model, "int8", embeddings=False)  # every linear whose width the kernel takes (K % 16 == 0)
 
 
 def _dynamic(model: nn.Module) -> nn.Module:

@@ -93,10 +93,11 @@ def test_forced_fp16_needs_fp16_instructions(tmp_path):
 
 def test_unknown_precisions_name_the_choices(tmp_path):
     features = cpu_features.detect(fake_cpuinfo(tmp_path, ZEN4))
-    with pytest.raises(ValueError, match="dtype='int4' is not one of"):
-        precision.target_choice("int4", features)
-    with pytest.raises(ValueError, match="draft_precision='int4' is not one of"):
-        precision.draft_choice("int4", precision.target_choice(None, features), features)
+    with pytest.raises(ValueError, match="dtype='int2' is not one of"):
+        precision.target_choice("int2", features)
+    with pytest.raises(ValueError, match="draft_precision='fp8' is not one of"):
+        precision.draft_choice("fp8", precision.target_choice(None, features), features)
+    assert precision.target_choice("int4", features).quantize == "int4"  # weight-only int4 is a choice now
 
 
 def test_draft_follows_the_target_when_not_given(tmp_path):

@@ -11,6 +11,7 @@ from assisted_backends import generate
 from assisted_backends.backends.base import BackendOptions
 from assisted_backends.backends.cpu import quantize
 from assisted_backends.backends.cpu.backend import CPUBackend
+from assisted_backends.quantized.linear import QuantizedLinear
 
 MAX_NEW_TOKENS = 19
 DRAFT_PRECISIONS = ("fp32", "bf16", "w8af32")
@@ -123,10 +124,10 @@ def test_w8af32_stores_int8_weights_and_leaves_the_original(arch, method):
 def test_int8pack_linear_matches_a_dequantized_reference():
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48)
-    packed = quantize.Int8PackedLinear(linear.weight, linear.bias)
-    assert packed.weight.dtype == torch.int8 and packed.weight.shape == (48, 64)
+    packed = QuantizedLinear.from_float(linear.weight, linear.bias, "int8")
+    assert packed.codes.dtype == torch.int8 and packed.codes.shape == (48, 64)
     x = torch.randn(3, 5, 64)
-    dequantized = packed.weight.float() * packed.scale.float()[:, None]
+    dequantized = packed.codes.float() * packed.scales.float()[:, None]
     reference = x @ dequantized.t() + linear.bias
     assert torch.allclose(packed(x), reference, rtol=2e-2, atol=2e-2)
     assert packed(x).dtype == torch.float32
@@ -136,7 +137,7 @@ def test_int8pack_skips_widths_the_kernel_mishandles():
     model = torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.Linear(32, 8))
     quantized = quantize.quantize_w8af32(model, "int8pack")
     assert type(quantized[0]) is torch.nn.Linear  # in_features 24 is not a multiple of 16
-    assert isinstance(quantized[1], quantize.Int8PackedLinear)
+    assert isinstance(quantized[1], QuantizedLinear) and quantized[1].scheme == "int8"
 
 
 def test_prepare_is_idempotent_and_copies_only_the_draft():
@@ -206,4 +207,4 @@ def test_default_w8af32_path_avoids_the_deprecated_torch_ao_quantization():
         draft = quantize.quantize_w8af32(target)
     kinds = {type(module).__module__ for module in draft.modules()}
     assert not any(kind.startswith("torch.ao") for kind in kinds), kinds
-    assert any(isinstance(module, quantize.Int8PackedLinear) for module in draft.modules())
+    assert any(isinstance(module, QuantizedLinear) for module in draft.modules())

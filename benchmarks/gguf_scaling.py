@@ -1,0 +1,265 @@
+"""Paper-sized models on a CPU: this package against llama.cpp on the same random-weight GGUF files.
+
+    python -m benchmarks.gguf_scaling          # 0.5B, 1.5B, 3B, 7B x Q4_0, Q8_0, 1 and 2 threads
+    python -m benchmarks.gguf_scaling --sizes 0.5B --quants Q4_0 --threads 1 --new-tokens 8 --repeats 1   # smoke
+
+Speed does not depend on the weights' values, so each file holds random blocks in the shapes of a
+Llama-family model (0.5B: Qwen2.5-0.5B's, 1.5B: Qwen2.5-1.5B's, 3B: Llama 3.2 3B's, 7B: Llama 2 7B's), written
+with the `gguf` package into `<cache>/scaling/`; both engines read the same file. Per size, quantization and
+thread count: plain greedy decoding tok/s of both engines (interleaved, medians with [min, max]; a short
+prompt, EOS ignored), the package's verify pass over 4 and 5 tokens in decode steps, its first and cached load
+time, and the peak resident memory of each engine measured in a child process that loads the file and
+decodes a few tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from assisted_backends.cache_dir import cache_root
+from benchmarks.harness import RESULTS, command_line, interleaved, step_seconds, write_result
+from benchmarks.real_models import llama_cpp_available
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool
+
+
+SHAPES = {
+    "0.5B": Shape(896, 4864, 24, 14, 2, 151936, True),
+    "1.5B": Shape(1536, 8960, 28, 12, 2, 151936, True),
+    "3B": Shape(3072, 8192, 28, 24, 8, 128256, True),
+    "7B": Shape(4096, 11008, 32, 32, 32, 32000, False),
+}
+BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34}  # per 32 weights: an fp16 scale, then 16 bytes of nibbles / 32 int8
+
+
+def _random_blocks(rows: int, columns: int, quant: str, rng: np.random.Generator) -> np.ndarray:
+    """[rows, columns / 32 * block bytes] uint8: random codes, each block's scale a small fp16 (0.01)."""
+    blocks = rows * columns // 32
+    data = rng.integers(0, 256, size=(blocks, BLOCK_BYTES[quant]), dtype=np.uint8)
+    data[:, :2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    return data.reshape(rows, columns // 32 * BLOCK_BYTES[quant])
+
+
+def write_random_gguf(size: str, quant: str, path: Path, seed: int = 0) -> Path:
+    """A Llama-architecture GGUF file of shape SHAPES[size], every matrix `quant` blocks of random codes."""
+    import gguf
+
+    shape, rng = SHAPES[size], np.random.default_rng(seed)
+    kind = getattr(gguf.GGMLQuantizationType, quant)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(f"random-{size}")
+    writer.add_context_length(4096)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_block_count(shape.layers)
+    writer.add_feed_forward_length(shape.intermediate)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_dimension_count(shape.hidden // shape.heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("llama")
+    specials = ["<unk>", "<s>", "</s>"]
+    bytes_ = [f"<0x{b:02X}>" for b in range(256)]
+    tokens = specials + bytes_ + [f"t{i}" for i in range(shape.vocab - len(specials) - 256)]
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * shape.vocab)
+    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * (shape.vocab - 259))
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+    def matrix(name: str, rows: int, columns: int) -> None:
+        data = _random_blocks(rows, columns, quant, rng)
+        writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
+
+    head_dim = shape.hidden // shape.heads
+    matrix("token_embd.weight", shape.vocab, shape.hidden)
+    if not shape.tied:
+        matrix("output.weight", shape.vocab, shape.hidden)
+    writer.add_tensor("output_norm.weight", np.ones(shape.hidden, dtype=np.float32))
+    for layer in range(shape.layers):
+        writer.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(shape.hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(shape.hidden, dtype=np.float32))
+        matrix(f"blk.{layer}.attn_q.weight", shape.hidden, shape.hidden)
+        matrix(f"blk.{layer}.attn_k.weight", shape.kv_heads * head_dim, shape.hidden)
+        matrix(f"blk.{layer}.attn_v.weight", shape.kv_heads * head_dim, shape.hidden)
+        matrix(f"blk.{layer}.attn_output.weight", shape.hidden, shape.hidden)
+        matrix(f"blk.{layer}.ffn_gate.weight", shape.intermediate, shape.hidden)
+        matrix(f"blk.{layer}.ffn_up.weight", shape.intermediate, shape.hidden)
+        matrix(f"blk.{layer}.ffn_down.weight", shape.hidden, shape.intermediate)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def random_file(size: str, quant: str) -> Path:
+    """The cached random file for (size, quant), written on first use (atomically)."""
+    path = cache_root() / "scaling" / f"random-{size}-{quant}.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"writing {path} ...", file=sys.stderr, flush=True)
+        partial = path.with_suffix(".partial")
+        write_random_gguf(size, quant, partial)
+        partial.rename(path)
+    return path
+
+
+# --- the engines -----------------------------------------------------------------------------------------
+
+
+def ours(path: Path):
+    """(the package's model for `path`, seconds the load took)."""
+    from assisted_backends.loading.models import load_model
+
+    began = time.perf_counter()
+    model = load_model(str(path))
+    return model, time.perf_counter() - began
+
+
+def ours_decoder(model, prompt: torch.Tensor, new_tokens: int):
+    from assisted_backends import generate
+
+    def run() -> list[int]:
+        result = generate(model, prompt, max_new_tokens=new_tokens, eos_token_id=[], pad_token_id=0, device="cpu")
+        return result.sequences[0, prompt.shape[1] :].tolist()
+
+    return run
+
+
+def llama_decoder(path: Path, prompt: torch.Tensor, new_tokens: int, threads: int):
+    from llama_cpp import Llama
+
+    llm = Llama(str(path), n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+    ids = prompt[0].tolist()
+
+    def run() -> list[int]:
+        llm.reset()
+        out = []
+        for token in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            if len(out) == new_tokens:
+                return out
+        return out
+
+    return run
+
+
+def peak_memory_mb(engine: str, path: Path, threads: int) -> float:
+    """Peak resident memory of a child process that loads `path` with `engine` and decodes 4 tokens."""
+    child = [sys.executable, "-m", "benchmarks.gguf_scaling", "--child", engine, "--file", str(path),
+             "--threads", str(threads)]  # fmt: skip
+    done = subprocess.run(child, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        return float("nan")
+    return json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+
+
+def child(engine: str, path: Path, threads: int) -> None:
+    torch.set_num_threads(threads)
+    prompt = torch.arange(10, 26)[None]
+    if engine == "ours":
+        model, _ = ours(path)
+        ours_decoder(model, prompt, 4)()
+    else:
+        llama_decoder(path, prompt, 4, threads)()
+    print(json.dumps({"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+
+
+# --- one case ----------------------------------------------------------------------------------------------
+
+
+def measure(size: str, quant: str, args) -> list[dict]:
+    path = random_file(size, quant)
+    first_load = None
+    if not any((cache_root() / "quantized").glob(f"random-{size}-{quant}-*")):
+        _, first_load = ours(path)  # repacks and caches
+    model, cached_load = ours(path)
+    prompt = torch.arange(10, 26)[None]  # 16 tokens
+    rows = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        cases = {"ours_plain": ours_decoder(model, prompt, args.new_tokens)}
+        if args.llama_cpp:
+            cases["llama_cpp_plain"] = llama_decoder(path, prompt, args.new_tokens, threads)
+        timings = interleaved(cases, args.repeats, warmup=1, order="alternate")
+        median = timings.medians()
+        step = step_seconds(model, prompt, 1, repeats=5)
+        row = {
+            "size": size,
+            "quant": quant,
+            "threads": threads,
+            "file_gb": round(path.stat().st_size / 1e9, 3),
+            "new_tokens": args.new_tokens,
+            "tokens_per_s": {name: round(args.new_tokens / seconds, 3) for name, seconds in median.items()},
+            "spread_s": {name: [round(lo, 3), round(hi, 3)] for name, (lo, hi) in timings.spread().items()},
+            "ours_step_ms": round(1000 * step, 1),
+            "ours_verify_4_in_steps": round(step_seconds(model, prompt, 4, repeats=5) / step, 3),
+            "ours_verify_5_in_steps": round(step_seconds(model, prompt, 5, repeats=5) / step, 3),
+            "ours_load_s": {"first": round(first_load, 1) if first_load else None, "cached": round(cached_load, 1)},
+        }
+        if "llama_cpp_plain" in median:
+            row["ours_vs_llama_cpp"] = round(median["llama_cpp_plain"] / median["ours_plain"], 3)
+        if args.memory:
+            row["peak_rss_mb"] = {"ours": peak_memory_mb("ours", path, threads)}
+            if args.llama_cpp:
+                row["peak_rss_mb"]["llama_cpp"] = peak_memory_mb("llama_cpp", path, threads)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    del model
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--quants", nargs="+", choices=list(BLOCK_BYTES), default=list(BLOCK_BYTES))
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-llama-cpp", action="store_true")
+    parser.add_argument("--no-memory", action="store_true", help="skip the child processes measuring peak memory")
+    parser.add_argument("--child", choices=("ours", "llama_cpp"), help=argparse.SUPPRESS)
+    parser.add_argument("--file", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    if args.child:
+        child(args.child, Path(args.file), args.threads[0])
+        return
+    args.llama_cpp = not args.no_llama_cpp and llama_cpp_available()
+    args.memory = not args.no_memory
+    results = []
+    for size in args.sizes:
+        for quant in args.quants:
+            print(f"measuring {size} {quant} ...", file=sys.stderr, flush=True)
+            results += measure(size, quant, args)
+            payload = {"what": __doc__.split("\n\n")[2].replace("\n", " "), "llama_cpp": args.llama_cpp,
+                       "results": results}  # fmt: skip
+            write_result(
+                "gguf_scaling", command_line("gguf_scaling"), payload, args.out or RESULTS / "gguf_scaling.json"
+            )
+
+
+if __name__ == "__main__":
+    main()

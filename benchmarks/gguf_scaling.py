@@ -29,7 +29,7 @@ import torch
 
 from assisted_backends.cache_dir import cache_root
 from benchmarks.harness import RESULTS, command_line, interleaved, step_seconds, write_result
-from benchmarks.real_models import llama_cpp_available
+from benchmarks.harness.llama_cpp import llama_cpp_available, llama_cpp_decoder
 
 
 @dataclass(frozen=True)
@@ -147,24 +147,6 @@ def ours_decoder(model, prompt: torch.Tensor, new_tokens: int):
     return run
 
 
-def llama_decoder(path: Path, prompt: torch.Tensor, new_tokens: int, threads: int):
-    from llama_cpp import Llama
-
-    llm = Llama(str(path), n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False)
-    ids = prompt[0].tolist()
-
-    def run() -> list[int]:
-        llm.reset()
-        out = []
-        for token in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
-            out.append(int(token))
-            if len(out) == new_tokens:
-                return out
-        return out
-
-    return run
-
-
 def peak_memory_mb(engine: str, path: Path, threads: int) -> float:
     """Peak resident memory of a child process that loads `path` with `engine` and decodes 4 tokens."""
     child = [sys.executable, "-m", "benchmarks.gguf_scaling", "--child", engine, "--file", str(path),
@@ -182,7 +164,7 @@ def child(engine: str, path: Path, threads: int) -> None:
         model, _ = ours(path)
         ours_decoder(model, prompt, 4)()
     else:
-        llama_decoder(path, prompt, 4, threads)()
+        llama_cpp_decoder(path, prompt, 4, threads, n_ctx=512)()
     print(json.dumps({"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
 
 
@@ -201,7 +183,7 @@ def measure(size: str, quant: str, args) -> list[dict]:
         torch.set_num_threads(threads)
         cases = {"ours_plain": ours_decoder(model, prompt, args.new_tokens)}
         if args.llama_cpp:
-            cases["llama_cpp_plain"] = llama_decoder(path, prompt, args.new_tokens, threads)
+            cases["llama_cpp_plain"] = llama_cpp_decoder(path, prompt, args.new_tokens, threads, n_ctx=512)
         timings = interleaved(cases, args.repeats, warmup=1, order="alternate")
         median = timings.medians()
         step = step_seconds(model, prompt, 1, repeats=5)

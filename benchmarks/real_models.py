@@ -27,7 +27,6 @@ token-identical to transformers' plain `generate`.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -49,12 +48,12 @@ from benchmarks.harness import (
     step_seconds,
     write_result,
 )
+from benchmarks.harness.llama_cpp import llama_cpp_available, llama_cpp_decoder
 from benchmarks.harness.tasks import TASKS, prompt_ids
 
 SMOL, GEMMA = "smollm2-135m-instruct", "gemma-3-270m"
 LOOKUP_TOKENS = 10  # transformers' documented prompt_lookup_num_tokens example value
 EARLY_EXIT_LAYERS = 12
-LLAMA_CPP_VERSION = "0.3.36"  # built here from PyPI's sdist (no wheel for this platform on PyPI)
 
 PAIRS = {  # name: (target, drafter kind, drafter argument)
     "smollm2+lookup": (SMOL, "lookup", LOOKUP_TOKENS),
@@ -157,75 +156,12 @@ def methods(
 
 def llama_cpp_methods(target_name: str, tokenizer, prompt, new_tokens: int, lookup: bool):
     """llama.cpp on the same GGUF file: plain, and prompt lookup (`LlamaPromptLookupDecoding`) for lookup pairs.
-
-    EOS is ignored by reading exactly `new_tokens` tokens from `Llama.generate`; the prompt is the same
-    token ids. Its threads follow torch's thread count."""
-    from llama_cpp import Llama
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-    path = str(ensure_real_gguf(target_name))
-    threads = torch.get_num_threads()
-    ids = prompt[0].tolist()
-    plain = Llama(path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False, logits_all=False)
-    models = {"llama_cpp_plain": plain}
+    Its threads follow torch's thread count."""
+    path, threads = ensure_real_gguf(target_name), torch.get_num_threads()
+    cases = {"llama_cpp_plain": llama_cpp_decoder(path, prompt, new_tokens, threads)}
     if lookup:
-        models["llama_cpp_lookup"] = Llama(
-            path,
-            n_ctx=2048,
-            n_threads=threads,
-            n_threads_batch=threads,
-            verbose=False,
-            draft_model=LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS),
-        )
-
-    def runner(llm):
-        def run() -> list[int]:
-            llm.reset()
-            out = []
-            for token in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
-                out.append(int(token))
-                if len(out) == new_tokens:
-                    break
-            return out
-
-        return run
-
-    return {name: runner(llm) for name, llm in models.items()}
-
-
-def llama_cpp_available() -> bool:
-    """Import `llama_cpp`, installing llama-cpp-python first if needed: from the wheel cached under
-    <cache>/wheels/llama_cpp, else built from PyPI's source distribution (no wheel for this platform
-    is published: about 5 minutes on 2 cores) and cached there. False, with the reason, if that fails."""
-    import importlib
-    import importlib.util
-    import subprocess
-
-    from assisted_backends.cache_dir import cache_root
-
-    if importlib.util.find_spec("llama_cpp") is not None:
-        importlib.import_module("llama_cpp")
-        return True
-    wheels = cache_root() / "wheels" / "llama_cpp"
-    if not list(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl")):
-        print(f"building llama-cpp-python {LLAMA_CPP_VERSION} into {wheels} (once) ...", file=sys.stderr, flush=True)
-        build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels)]
-        environment = dict(
-            os.environ,
-            CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF",
-            CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 1),
-        )
-        done = subprocess.run([*build, f"llama-cpp-python=={LLAMA_CPP_VERSION}"], env=environment)
-        if done.returncode != 0:
-            print("llama-cpp-python did not build: llama.cpp columns skipped", file=sys.stderr)
-            return False
-    wheel = sorted(wheels.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}-*.whl"))[-1]
-    if subprocess.run([sys.executable, "-m", "pip", "install", "-q", str(wheel)]).returncode != 0:
-        print(f"installing {wheel} failed: llama.cpp columns skipped", file=sys.stderr)
-        return False
-    importlib.invalidate_caches()
-    importlib.import_module("llama_cpp")
-    return True
+        cases["llama_cpp_lookup"] = llama_cpp_decoder(path, prompt, new_tokens, threads, lookup=LOOKUP_TOKENS)
+    return cases
 
 
 # --- one case --------------------------------------------------------------------------------------

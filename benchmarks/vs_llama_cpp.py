@@ -29,23 +29,12 @@ from assisted_backends import AssistedGenerator
 from assisted_backends.loading.models import load_tokenizer
 from assisted_backends.quantized.linear import QuantizedLinear
 from benchmarks.harness import RESULTS, command_line, ensure_real_gguf, interleaved, step_seconds, write_result
+from benchmarks.harness.llama_cpp import llama_cpp_available
+from benchmarks.harness.memory import read_bandwidth_gbs
 from benchmarks.harness.tasks import TASKS, prompt_ids
-from benchmarks.real_models import LOOKUP_TOKENS, llama_cpp_available
+from benchmarks.real_models import LOOKUP_TOKENS
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
-
-
-def read_bandwidth_gbs(gib: float = 1.0) -> float:
-    """One thread's memory read bandwidth: `tensor.sum()` over `gib` GiB, best of 3, in GB/s."""
-    data = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
-    best = min(_timed(data.sum) for _ in range(3))
-    return data.numel() * 4 / best / 1e9
-
-
-def _timed(call: Callable[[], object]) -> float:
-    began = time.perf_counter()
-    call()
-    return time.perf_counter() - began
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -28,6 +28,14 @@ installed=$("$python" -c "import transformers; print(transformers.__version__)")
 version=${HF_LANE_TRANSFORMERS:-$installed}
 venv=${HF_LANE_VENV:-/tmp/venv-lane-transformers-generation-$version}
 
+# The test tree first: where it cannot be had (CI machines reach package registries only), say so and stop
+# before building anything; HF_LANE_REQUIRED=1 makes that a failure.
+if ! PYTHONPATH="$PWD" "$python" -c "import sys; sys.path.insert(0, 'tests/transformers_suite'); import fetch_tests; fetch_tests.fetch('$version')"; then
+  if [ "${HF_LANE_REQUIRED:-0}" = "1" ]; then exit 1; fi
+  echo "SKIPPED: transformers' $version test tree is not reachable here (see the message above)"
+  exit 0
+fi
+
 if [ "${KEEP_VENV:-0}" != "1" ] || [ ! -x "$venv/bin/python" ]; then
   rm -rf "$venv"
   # torch (and transformers when it is the version asked for) come from the interpreter's own packages

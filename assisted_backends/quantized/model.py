@@ -10,7 +10,7 @@ each tensor in:
   which moves quantized rows exactly; anything else is refused (NotImplementedError);
 - the input embedding -> `QuantizedEmbedding` over the same kind of table; a tied LM head shares it;
 - norms, biases and other small tensors -> fp32, through transformers' processing (Gemma's norm − 1).
-The tokenizer comes from transformers (`AutoTokenizer.from_pretrained(folder, gguf_file=name)`), built
+The tokenizer comes from transformers' GGUF tokenizer converter (`load_gguf_tokenizer`), built
 in a thread while the weights are repacked (first load) or after the model is built (cached load:
 started earlier it slows the model's build through the GIL). Config, tokenizer and packed tensors
 (one safetensors file per scheme, compute dtype and int4 byte layout) go to the cache (`cache.py`);
@@ -342,19 +342,42 @@ class _Background:
 def load_gguf_tokenizer(path: str | Path, use_cache: bool = True):
     """The tokenizer of a GGUF file: from the cache once built (transformers' GGUF tokenizer path parses the whole
     file: 18 s for Gemma 3's), else built from the file and cached."""
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     path = Path(path).expanduser().resolve()
     directory = cache.entry_dir(path) if use_cache else None
-    if directory is not None and (directory / "tokenizer").is_dir():
-        return AutoTokenizer.from_pretrained(str(directory / "tokenizer"))
+    if directory is not None and (directory / "tokenizer" / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer" / "tokenizer.json"),
+                                       **_saved_settings(directory / "tokenizer"))  # fmt: skip
     return _tokenizer_from_file(path, directory)
 
 
-def _tokenizer_from_file(path: Path, directory: Path | None):
-    from transformers import AutoTokenizer
+def _saved_settings(folder: Path) -> dict:
+    """The special tokens, chat template and flags `save_pretrained` wrote next to tokenizer.json."""
+    config = folder / "tokenizer_config.json"
+    settings = json.loads(config.read_text()) if config.is_file() else {}
+    template = folder / "chat_template.jinja"
+    if template.is_file():
+        settings["chat_template"] = template.read_text()
+    keep = ("bos_token", "eos_token", "unk_token", "pad_token", "add_bos_token", "add_eos_token", "chat_template",
+            "model_max_length", "clean_up_tokenization_spaces")  # fmt: skip
+    return {key: value for key, value in settings.items() if key in keep}
 
-    loaded = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+def _tokenizer_from_file(path: Path, directory: Path | None):
+    """The file's tokenizer, built from its metadata with transformers' own GGUF converter (AutoTokenizer's GGUF
+    path took 36 s for Gemma 3 on a busy machine, the converter alone 9 s; the same ids, specials and template),
+    cached under `directory`."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+
+        architecture, description, settings = get_gguf_tokenizer(str(path))
+        backend, extra = convert_gguf_tokenizer(architecture, description)
+        loaded = PreTrainedTokenizerFast(tokenizer_object=backend, **settings, **extra)
+    except (ImportError, KeyError, ValueError):  # an older transformers: its AutoTokenizer path
+        loaded = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     if directory is not None:
         target = directory / "tokenizer"
         if not target.is_dir():
@@ -396,7 +419,7 @@ def load_gguf_quantized(
     weights = _weights_file(directory, scheme, group_size, dtype, compact) if caching else None
 
     if caching and (directory / "config.json").is_file() and weights.is_file():
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig
 
         plan = _load_plan(weights)
         if plan is not None:
@@ -406,7 +429,7 @@ def load_gguf_quantized(
             # After the model: a tokenizer thread started earlier would slow the model's build (GIL).
             pending = None
             if tokenizer and (directory / "tokenizer").is_dir():
-                pending = _Background(lambda: AutoTokenizer.from_pretrained(str(directory / "tokenizer")), started)
+                pending = _Background(lambda: load_gguf_tokenizer(path), started)
             elif tokenizer:
                 pending = _Background(lambda: _tokenizer_from_file(path, directory), started)
             return LoadedGGUF(model, pending, directory, True, ready, plan.report)

@@ -37,7 +37,7 @@ from assisted_backends.loading import models
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
 
-__all__ = ["AssistedGenerator", "GenerateResult", "generate"]
+__all__ = ["AssistedGenerator", "GenerateResult", "generate"]  # queues: api.queue (generate_queue)
 
 ModelArgument = PreTrainedModel | str | os.PathLike
 
@@ -108,6 +108,13 @@ class AssistedGenerator:
         """Plan and run one call (arguments as `generate` takes them, models and device excepted)."""
         plan = self.plan(input_ids, streaming=streamer is not None, **arguments)
         return run(plan, self.model, self.facts, self.backend, self.assistant_model, streamer)
+
+    def generate_many(self, prompts, *, slots: int = 8, on_finish=None, **arguments: Any):
+        """Many prompts through `slots` batch rows, a slot refilled as soon as its row ends (`api.queue`): a
+        `QueueResult` with each prompt's new tokens, in the prompts' order (`on_finish(i, tokens)` as each ends)."""
+        from assisted_backends.api.queue import generate_many
+
+        return generate_many(self, prompts, slots=slots, on_finish=on_finish, **arguments)
 
 
 def generate(

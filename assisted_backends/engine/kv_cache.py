@@ -133,7 +133,6 @@ class StaticLayout(CacheLayout):
             device=hf_compat.model_device(model),
         )
         self._mask = self._padding_mask(capacity)  # [B, capacity], fixed for the whole generation
-        self._one_row: dict[int, StaticLayout] = {}  # by width: one preallocated scratch layout per prompt bucket
 
     @property
     def cache(self):
@@ -163,14 +162,10 @@ class StaticLayout(CacheLayout):
         self._mask = self._padding_mask(self.capacity)
 
     def one_row(self, model: PreTrainedModel, pad: int, width: int) -> StaticLayout:
-        """The scratch layout of `width` columns (a prompt bucket), allocated once per width and reused: its
-        shapes, [1, width] fed on a [1, width] cache, are one more signature per prompt bucket."""
-        layout = self._one_row.get(width)
-        if layout is None:
-            layout = self._one_row[width] = StaticLayout(model, torch.tensor([pad], device=self.pad.device), width)
-        layout.rollback(0)
-        layout.set_row_pad(0, pad)
-        return layout
+        """A fresh scratch layout of `width` columns (a prompt bucket): [1, width] fed on an empty [1, width] cache
+        is one more signature per prompt bucket, the same every time (a reused cache, allocated after its first
+        pass, would give each bucket two)."""
+        return StaticLayout(model, torch.tensor([pad], device=self.pad.device), width)
 
 
 def bucketed(length: int, bucket: int) -> int:

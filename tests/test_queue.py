@@ -264,3 +264,24 @@ def test_refill_needs_fewer_target_passes_than_fixed_batches():
         ).stats.target_forwards  # fmt: skip
     assert_each_alone(queue.tokens, expected)
     assert queue.stats.target_forwards < fixed, (queue.stats.target_forwards, fixed)
+
+
+def test_graph_capture_survives_joining_prompt_passes():
+    """CUDA graphs (the backend's bookkeeping on CPU, tests/test_cuda_graphs.py): a joining prompt's pass runs on
+    a cache of its own, once, eagerly; the batch's captured verify and draft steps are kept, not captured again."""
+    from test_cuda_graphs import CUDABackendOnCPU, graphs_of
+
+    target, draft = pair("llama")
+    eos, expected = eos_and_references("llama")
+    backend = CUDABackendOnCPU()
+    result = generate_queue(
+        target, queue_prompts(), slots=2, max_new_tokens=NEW, eos_token_id=eos, pad_token_id=0,
+        assistant_model=draft, num_assistant_tokens=3, backend=backend,
+    )  # fmt: skip
+    assert_each_alone(result.tokens, expected)
+    assert result.stats.cache_layout == "static" and result.stats.joins == len(LENGTHS) - 2
+    target_graphs, draft_graphs = graphs_of(backend, target, "target"), graphs_of(backend, draft, "draft")
+    assert target_graphs.stats.caches_bound == 1 and draft_graphs.stats.caches_bound == 1
+    # at most one graph per verify width [2, 1..γ + 1] (γ shrinks near a row's limit) for the whole queue
+    assert target_graphs.stats.captures <= 4 and target_graphs.stats.replays > 3 * target_graphs.stats.captures
+    assert all(dict(s)["input_ids"][0][0] == 2 for s in target_graphs.stats.signatures + draft_graphs.stats.signatures)

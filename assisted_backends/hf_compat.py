@@ -328,7 +328,13 @@ def cache_tensors(cache) -> list[list[torch.Tensor]]:
 
 
 def write_cache_row(
-    destination, source, row: int, source_row: int, begin: int, source_begin: int, count: int,
+    destination,
+    source,
+    row: int,
+    source_row: int,
+    begin: int,
+    source_begin: int,
+    count: int,
     layers: int | None = None,
 ) -> None:
     """Copy positions [source_begin, source_begin + count) of row `source_row` of `source` into positions

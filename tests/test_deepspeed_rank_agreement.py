@@ -51,8 +51,12 @@ pytestmark = [
 
 def _env(**extra: str) -> dict[str, str]:
     return dict(
-        os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-        PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]), **extra,  # this checkout's package, not an installed one
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]),
+        **extra,  # this checkout's package, not an installed one
     )
 
 

@@ -86,11 +86,14 @@ def test_rows_joining_mid_run_equal_their_prompt_alone(drafter, layout, widening
     assert [row.new_tokens for row in rows] == [t.shape[0] for t in expected]
     assert all(row.joined_s == 0 for row in rows[:slots]) and all(row.joined_s > 0 for row in rows[slots:])
     assert all(row.finished_s >= row.joined_s for row in rows)
+    assert result.stats.verify_passes == result.stats.target_forwards - 1 - result.stats.joins
+    assert result.stats.verify_passes >= max(row.rounds for row in rows)
+    for field in ("new_tokens", "drafted", "accepted", "rounds"):
+        assert getattr(result.stats, field) == sum(getattr(row, field) for row in rows), field
     if drafter in ("draft_model", "early_exit"):  # a draft with a cache: the joined rows' own rows were written
         options = dict(eos_token_id=eos, pad_token_id=0, **QUEUE_DRAFTERS[drafter](draft), **LAYOUTS[layout])
         alone_accepted = sum(
-            generate(target, row[None], max_new_tokens=NEW, **options).stats.accepted
-            for row in queue_prompts()[slots:]
+            generate(target, row[None], max_new_tokens=NEW, **options).stats.accepted for row in queue_prompts()[slots:]
         )
         joined_accepted = sum(row.accepted for row in rows[slots:])
         assert alone_accepted > 0 and joined_accepted >= 0.8 * alone_accepted, (joined_accepted, alone_accepted)

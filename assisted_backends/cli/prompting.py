@@ -105,7 +105,9 @@ def generate_queue(session, prompts: list[torch.Tensor], slots: int):
         )
         if session.draft is not None and session.draft_tokenizer is not None:
             drafting.update(tokenizer=session.tokenizer, assistant_tokenizer=session.draft_tokenizer)
-    pad_id = next((int(t) for t in (session.tokenizer.pad_token_id, session.tokenizer.eos_token_id) if t is not None), 0)
+    pad_id = next(
+        (int(t) for t in (session.tokenizer.pad_token_id, session.tokenizer.eos_token_id) if t is not None), 0
+    )
     return run_queue(
         session.target, prompts, slots=slots, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,

@@ -32,7 +32,6 @@ bucket B' (the slot count), so the verify [B', γ + 1] and draft [B', 1..2] sign
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -140,9 +139,3 @@ def ends_at_once(
 def free_slots(live: list[bool], pending: int) -> list[int]:
     """The batch positions a queue refills now: the first `pending` rows that do not generate."""
     return [b for b, alive in enumerate(live) if not alive][:pending]
-
-
-def timed(stats, began: float) -> None:
-    """Count one joined row and the time its join took."""
-    stats.joins += 1
-    stats.join_s += time.perf_counter() - began

@@ -54,7 +54,7 @@ class CacheLayout(ABC):
         self.length = keep
 
     def set_row_pad(self, position: int, pad: int) -> None:
-        """Queues (`engine.joins`): the row at batch `position` has a new occupant with `pad` columns of left padding."""
+        """Queues (`engine.joins`): the row at batch `position` has a new occupant behind `pad` columns of padding."""
         self.pad = self.pad.clone()
         self.pad[position] = pad
 

@@ -389,9 +389,7 @@ def decode(
             n_live = [n[b] if rows.live[b] else 0 for b in range(len(rows.live))]
             length = start + most + 1
             reserve = refill.queue.pending() if refill is not None else 0
-            buffer.length, followed = _move_rows(
-                buffer, rows, n_live, length, drop_finished, target, drafter, reserve
-            )
+            buffer.length, followed = _move_rows(buffer, rows, n_live, length, drop_finished, target, drafter, reserve)
             drafter = drafter if followed else None
         target.rollback(buffer.length - 1)  # the newest committed token stays pending
         if drafter is not None and asked > 0 and not _guarded(drafter, "rollback", buffer)[0]:

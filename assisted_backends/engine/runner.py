@@ -121,7 +121,9 @@ class ModelRunner:
     def rollback(self, length: int) -> None:
         self.layout.rollback(length)
 
-    def insert_row(self, position: int, prompt: torch.Tensor, begin: int, keep: int, width: int, pad_id: int) -> torch.Tensor:
+    def insert_row(
+        self, position: int, prompt: torch.Tensor, begin: int, keep: int, width: int, pad_id: int
+    ) -> torch.Tensor:
         """Queues (`engine.joins`): the row at batch `position` now holds `prompt` [P] at columns [begin, begin + P).
         One pass of the model over the prompt alone, left-padded to `width` columns (a prompt bucket under static
         shapes, else P) in a one-row cache of this runner's layout kind; its first `keep` positions' keys and values

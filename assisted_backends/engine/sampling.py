@@ -133,7 +133,9 @@ class TokenSelector:
                     torch.cat(
                         [
                             self._process(
-                                own.get(row, self._prefix_processors), context[b : b + 1, start:end], logits[b : b + 1, j]
+                                own.get(row, self._prefix_processors),
+                                context[b : b + 1, start:end],
+                                logits[b : b + 1, j],
                             )
                             for b, (start, row) in enumerate(zip(rows.starts, rows.caller_rows))
                         ]

@@ -227,13 +227,13 @@ class AdaptiveSchedule:
     """Chooses γ ∈ {0, …, γ_max} maximising E[tokens](γ) / (γ·t_d + t_v(γ+1)).
 
     α_i come from `_PositionAcceptance` (decayed counts), t_v(B, q) from `_VerifyCost` keyed by the tokens a
-    pass feeds (M = B·q, B the live batch of `observe_batch`), t_d(B) from the draft time per drafted token. The first two rounds are plain (measure t_v(1)); the next one drafts
-    `initial` tokens (measure t_d, t_v(initial + 1) and α_1..α_initial), and so does a second one if
-    the first accepted anything. Then γ follows the estimates; an unmeasured t_v(q) is taken as the
-    largest measured one and an unreached α_i as α_{i−1}, so a good draft is pushed deeper round by
-    round, and while plain decoding wins, a γ = 1 probe (the cheapest) runs now and then. A switch to
-    speculation must beat plain decoding by `margin`, so break-even pairs (c ≈ α) stay plain. A draft
-    whose try would cost more than `trial_budget` of the plain decoding left is never tried
+    pass feeds (M = B·q, B the live batch of `observe_batch`), t_d(B) from the draft time per drafted token. The
+    first two rounds are plain (measure t_v(1)); the next one drafts `initial` tokens (measure t_d, t_v(initial
+    + 1) and α_1..α_initial), and so does a second one if the first accepted anything. Then γ follows the
+    estimates; an unmeasured t_v(q) is taken as the largest measured one and an unreached α_i as α_{i−1}, so a
+    good draft is pushed deeper round by round, and while plain decoding wins, a γ = 1 probe (the cheapest) runs
+    now and then. A switch to speculation must beat plain decoding by `margin`, so break-even pairs (c ≈ α) stay
+    plain. A draft whose try would cost more than `trial_budget` of the plain decoding left is never tried
     (`worth_trying`), so plain decoding is the worst case, within the budgets.
     """
 

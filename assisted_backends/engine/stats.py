@@ -95,8 +95,9 @@ class GenerationStats(_Rates):
 
     @property
     def verify_passes(self) -> int:
-        """Target forwards after the prefill: one per round of the whole batch."""
-        return max(self.target_forwards - 1, 0)
+        """Target forwards after the prefill: one per round of the whole batch (a queue's joining prompt passes
+        not counted)."""
+        return max(self.target_forwards - 1 - self.joins, 0)
 
     @property
     def total_s(self) -> float:

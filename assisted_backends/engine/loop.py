@@ -290,7 +290,9 @@ def decode(
 
     One row: the committed tokens stay in place. Several rows (`engine.realign`): after each round the rows
     move so that all end at one column again; finished rows leave the batch under the dynamic layout
-    and ride along (unread) under static shapes, where the batch size must not change. A draft that raises
+    and ride along (unread) under static shapes, where the batch size must not change. A queue
+    (`settings.refill`): after the prefill and after every round, the slot of each row that ended takes the
+    next prompt (`engine.joins`), until the queue is empty and every row has ended. A draft that raises
     is dropped with one warning (`DraftFailedWarning`) and the call goes on with plain rounds.
     """
     started = time.perf_counter()

@@ -113,18 +113,19 @@ def test_every_cache_kind_takes_joining_rows(model_type, layout):
     assert_each_alone(result.tokens, expected)
 
 
-def test_a_row_that_ends_at_its_first_token_frees_its_slot_at_once():
+@pytest.mark.parametrize("ending", (0, 4), ids=("in_the_first_batch", "joining"))
+def test_a_row_that_ends_at_its_first_token_frees_its_slot_at_once(ending):
     target, draft = pair("llama")
     rows = queue_prompts()
-    first = int(alone(target, rows[4], 1)[0])  # the 40-token prompt's first token is EOS
+    first = int(alone(target, rows[ending], 1)[0])  # that prompt's first token is EOS
     expected = tuple(alone(target, row, NEW, eos_token_id=first) for row in rows)
-    assert expected[4].tolist() == [first]
+    assert expected[ending].tolist() == [first]
     result = generate_queue(
         target, rows, slots=2, max_new_tokens=NEW, eos_token_id=first, pad_token_id=0, assistant_model=draft,
         num_assistant_tokens=3,
     )  # fmt: skip
     assert_each_alone(result.tokens, expected)
-    assert result.stats.rows[4].rounds == 0 and result.stats.rows[4].new_tokens == 1
+    assert result.stats.rows[ending].rounds == 0 and result.stats.rows[ending].new_tokens == 1
 
 
 @pytest.mark.parametrize("max_new_tokens", (1, 2, 5))

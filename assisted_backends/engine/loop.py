@@ -327,14 +327,14 @@ def decode(
         reserve = refill.queue.pending() if refill is not None else 0
         _, followed = _move_rows(buffer, rows, [0] * batch, buffer.length, drop_finished, target, drafter, reserve)
         drafter = drafter if followed else None
-    if refill is not None:
-        drafter = _refill(buffer, rows, target, drafter, selector, generator, settings, started)
     if target.head_ready and not selector.do_sample and settings.record is None:
         split = HeadSplit()
     settings.synchronize()
     prefill_done = time.perf_counter()
     if schedule is not None:
         schedule.observe_prefill(prefill_done - started)
+    if refill is not None:  # rows that ended at their first token: their slots take the next prompts
+        drafter = _refill(buffer, rows, target, drafter, selector, generator, settings, started)
 
     while any(rows.live):
         live = [b for b, alive in enumerate(rows.live) if alive]

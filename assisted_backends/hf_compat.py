@@ -311,6 +311,46 @@ def move_cache_rows(cache, move, written: int, width: int, in_place: bool) -> No
             tensors[:] = [moved(tensor) for tensor in tensors]
 
 
+def cache_tensors(cache) -> list[list[torch.Tensor]]:
+    """Per layer, the cache tensors holding positions on axis -2 (keys and values, or GPTBigCode's fused
+    [B, (H,) T, 2D] tensor of a tuple cache); layers not written yet are left out."""
+
+    def tensors(items) -> list[torch.Tensor]:
+        return [t for t in items if isinstance(t, torch.Tensor) and t.dim() >= 3]
+
+    if isinstance(cache, LegacyCache):
+        return [tensors(layer if isinstance(layer, (tuple, list)) else (layer,)) for layer in (cache.layers or ())]
+    layers = getattr(cache, "layers", None)
+    if layers and hasattr(layers[0], "keys"):  # transformers >= 4.54: one object per layer
+        return [tensors((layer.keys, layer.values)) for layer in layers]
+    keys, values = getattr(cache, "key_cache", None) or [], getattr(cache, "value_cache", None) or []
+    return [tensors(pair) for pair in zip(keys, values)]  # transformers 4.5x: two lists
+
+
+def write_cache_row(
+    destination,
+    source,
+    row: int,
+    source_row: int,
+    begin: int,
+    source_begin: int,
+    count: int,
+    layers: int | None = None,
+) -> None:
+    """Copy positions [source_begin, source_begin + count) of row `source_row` of `source` into positions
+    [begin, begin + count) of row `row` of `destination`, in place, for every layer (the first `layers` only
+    when given). Both caches hold those positions already (the destination's row gets a new occupant)."""
+    if count <= 0:
+        return
+    pairs = list(zip(cache_tensors(destination), cache_tensors(source)))[: layers if layers is not None else None]
+    with torch.inference_mode():  # the caches' tensors were made in inference mode
+        for into, out_of in pairs:
+            for target, given in zip(into, out_of):
+                target[row, ..., begin : begin + count, :].copy_(
+                    given[source_row, ..., source_begin : source_begin + count, :]
+                )
+
+
 def layer_keys_values(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(keys, values) [B, H, T, D] of one layer of a Cache object."""
     layers = getattr(cache, "layers", None)

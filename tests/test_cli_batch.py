@@ -1,6 +1,7 @@
 """`--batch-size`: the command generates and benchmarks batches (docs/cli.md, --batch-size; docs/design.md rule 7).
 
-A batch from a prompt file gives, row by row, the text the same prompt gives alone; the benchmark's
+A prompt file through N slots (each refilled as its row ends) gives, prompt by prompt, the text the same
+prompt gives alone; the benchmark's
 table and JSON gain the batch size, aggregate tokens/s, per-row latency and transformers' batched
 `model.generate` next to plain and assisted decoding; bad values are refused before models load.
 """
@@ -45,7 +46,8 @@ def test_a_prompt_file_batch_gives_each_prompt_its_own_text(saved_pair, tmp_path
     assert code == 0, err
     record = json.loads(out.read_text())
     assert record["generated_token_ids"] == alone, "row by row the same tokens as each prompt alone"
-    assert [call["batch_size"] for call in record["stats"]] == [2, 1], "3 prompts in batches of 2"
+    stats = record["stats"]
+    assert stats["batch_size"] == 2 and stats["joins"] == 1, "3 prompts through 2 slots: the third takes a freed one"
     assert stdout.count("--- prompt ") == 3 and "batch of 2" in err
 
 

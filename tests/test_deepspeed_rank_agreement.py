@@ -6,7 +6,8 @@ that the ranks' wall times (which drive the adaptive schedule) differ:
   single-process CLI run) and seeded sampling with the adaptive schedule (rank 0's tokens equal
   rank 1's); before the agreement a few in five such launches died in `gloo::EnforceNotMet`;
 - the Python API under the launcher (tests/torchrun_generate.py): greedy, static shapes, prompt
-  lookup, seeded and unseeded sampling; ranks given different prompts stop with an error;
+  lookup, seeded and unseeded sampling, and queues (rows joining as others end: which row joins when is a
+  function of tokens, the same on every rank); ranks given different prompts or queues stop with an error;
 - a rank stuck in a collective: its peer ends with an error naming its rank and step within the
   bound (`ASSISTED_BACKENDS_COLLECTIVE_TIMEOUT_S`), not a silent wait.
 Runs in the DeepSpeed lane (`.ci/lanes/deepspeed.sh`); skipped when deepspeed is not installed.
@@ -50,7 +51,12 @@ pytestmark = [
 
 def _env(**extra: str) -> dict[str, str]:
     return dict(
-        os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(HERE), **extra
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]),
+        **extra,  # this checkout's package, not an installed one
     )
 
 
@@ -157,7 +163,7 @@ def test_the_api_under_torchrun_agrees_on_every_rank(pair_dir, busy_cpu, tmp_pat
     from torchrun_generate import CASES, PROMPT, run_case
     from transformers import AutoModelForCausalLM
 
-    cases = [*CASES, "different_prompts"]
+    cases = [*CASES, "different_prompts", "different_queues"]
     completed = _launch_api(pair_dir, tmp_path / "out", "--cases", *cases)
     assert completed.returncode == 0, _tail(completed)
     reports = [json.loads((tmp_path / "out" / f"rank{rank}.json").read_text()) for rank in range(2)]
@@ -172,9 +178,10 @@ def test_the_api_under_torchrun_agrees_on_every_rank(pair_dir, busy_cpu, tmp_pat
     seeded = "sample_seeded_constant"
     assert reports[0]["tokens"][seeded] == run_case(target, draft, CASES[seeded], PROMPT)
     for report in reports:
-        assert "different_prompts" not in report["tokens"]
-        message = report["errors"]["different_prompts"]
-        assert f"rank {report['rank']} of 2" in message and "different arguments" in message, message
+        for name in ("different_prompts", "different_queues"):  # a queue: every prompt is checked, not the first batch
+            assert name not in report["tokens"]
+            message = report["errors"][name]
+            assert f"rank {report['rank']} of 2" in message and "different arguments" in message, message
 
 
 # rank 1 sleeps at its 3rd target forward (round 2: prefill, then two plain rounds) or at its 3rd

@@ -176,3 +176,25 @@ def test_numactl_pinned_batch_run_of_the_command(tmp_path):
     record = json.loads(out.read_text())
     first, second = record["generated_token_ids"]  # the same prompt twice: the same tokens, at most 8
     assert first == second and 0 < len(first) <= 8 and record["stats"]["batch_size"] == 2
+
+
+def test_numactl_pinned_queue_of_the_command(tmp_path):
+    """The command under numactl with more prompts than slots (`api.queue`): the third prompt takes the slot of
+    the first row that ends, and every prompt gets the tokens it gets alone."""
+    _require("numactl")
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("def main():\nclass Stack:\nimport os\n")
+
+    def pinned(*flags: str) -> dict:
+        out = tmp_path / "out.json"
+        run = subprocess.run(
+            ["numactl", "-C", str(CPUS[0]), "-m", "0", sys.executable, "-m", "assisted_backends.cli",
+             "--max-new-tokens", "8", "--no-stream", "--json", str(out), *flags],
+            capture_output=True, text=True, env=_env(OMP_NUM_THREADS="1"), timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        return json.loads(out.read_text())
+
+    queue = pinned("--batch-size", "2", "--prompt-file", str(prompt_file))
+    assert queue["stats"]["batch_size"] == 2 and queue["stats"]["joins"] == 1
+    assert queue["generated_token_ids"][2] == pinned("--prompt", "import os")["generated_token_ids"]

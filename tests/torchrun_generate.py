@@ -1,4 +1,5 @@
-"""One rank of a `torchrun --nproc_per_node 2` launch that calls `assisted_backends.generate` directly.
+"""One rank of a `torchrun --nproc_per_node 2` launch that calls `assisted_backends.generate` directly
+(and `generate_queue`: the cases with `queue=True` run QUEUE through two slots, rows joining as others end).
 
 Launched by tests/test_deepspeed_rank_agreement.py (not collected by pytest). Each rank joins the
 group, shards the target with DeepSpeed AutoTP, runs every case of `CASES` and writes its tokens
@@ -26,14 +27,27 @@ CASES = {  # name -> generate() arguments (every rank passes the same ones)
     "sample_unseeded_adaptive": dict(do_sample=True, schedule="adaptive"),
     "sample_unseeded_constant": dict(do_sample=True, num_assistant_tokens=2),
     "sample_seeded_constant": dict(do_sample=True, seed=11, num_assistant_tokens=2),
+    "greedy_queue_adaptive": dict(queue=True, schedule="adaptive"),
+    "greedy_queue_static_constant": dict(queue=True, static_shapes=True, bucket_size=16, num_assistant_tokens=3),
+    "greedy_queue_prompt_lookup": dict(queue=True, prompt_lookup_num_tokens=3, schedule="adaptive", no_draft=True),
+    "sample_queue_seeded_adaptive": dict(queue=True, do_sample=True, seed=11, schedule="adaptive"),
 }
+QUEUE = [PROMPT, PROMPT[3:], PROMPT[:5], [64, 21, 8], PROMPT[1:] + PROMPT[:4]]  # mixed lengths, through 2 slots
 
 
-def run_case(target, draft, case: dict, prompt: list[int]) -> list[int]:
-    from assisted_backends import generate
+def run_case(target, draft, case: dict, prompt: list[int]) -> list[int] | list[list[int]]:
+    """The new tokens of `prompt` (a queue case: of every prompt of QUEUE, `prompt` shortening the first one)."""
+    from assisted_backends import generate, generate_queue
 
     arguments = dict(case)
     assistant = None if arguments.pop("no_draft", False) else draft
+    if arguments.pop("queue", False):
+        prompts = [prompt, *QUEUE[1:]]
+        result = generate_queue(
+            target, prompts, slots=2, assistant_model=assistant, max_new_tokens=MAX_NEW_TOKENS, device="cpu",
+            **arguments,
+        )  # fmt: skip
+        return [tokens.tolist() for tokens in result.tokens]
     result = generate(
         target,
         torch.tensor([prompt]),
@@ -89,8 +103,8 @@ def main() -> None:
 
     report: dict = {"rank": context.rank, "tokens": {}, "errors": {}}
     for name in args.cases:
-        prompt = PROMPT if name != "different_prompts" else PROMPT[: len(PROMPT) - context.rank]
-        case = CASES.get(name, {})
+        prompt = PROMPT if not name.startswith("different_") else PROMPT[: len(PROMPT) - context.rank]
+        case = CASES.get(name, {"queue": True} if name == "different_queues" else {})
         try:
             report["tokens"][name] = run_case(target, draft, case, prompt)
         except rank_agreement.RankFailure as error:

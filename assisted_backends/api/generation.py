@@ -23,7 +23,8 @@ directory, a `.gguf` file (or a directory holding one) or a Hub id (`loading.mod
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -37,7 +38,10 @@ from assisted_backends.loading import models
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
 
-__all__ = ["AssistedGenerator", "GenerateResult", "generate"]
+if TYPE_CHECKING:
+    from assisted_backends.api.queue import PromptLike, QueueResult
+
+__all__ = ["AssistedGenerator", "GenerateResult", "generate"]  # queues: api.queue (generate_queue)
 
 ModelArgument = PreTrainedModel | str | os.PathLike
 
@@ -108,6 +112,20 @@ class AssistedGenerator:
         """Plan and run one call (arguments as `generate` takes them, models and device excepted)."""
         plan = self.plan(input_ids, streaming=streamer is not None, **arguments)
         return run(plan, self.model, self.facts, self.backend, self.assistant_model, streamer)
+
+    def generate_many(
+        self,
+        prompts: Iterable[PromptLike],
+        *,
+        slots: int = 8,
+        on_finish: Callable[[int, torch.Tensor], None] | None = None,
+        **arguments: Any,
+    ) -> QueueResult:
+        """Many prompts through `slots` batch rows, a slot refilled as soon as its row ends (`api.queue`): a
+        `QueueResult` with each prompt's new tokens, in the prompts' order (`on_finish(i, tokens)` as each ends)."""
+        from assisted_backends.api.queue import generate_many
+
+        return generate_many(self, prompts, slots=slots, on_finish=on_finish, **arguments)
 
 
 def generate(

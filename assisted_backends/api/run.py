@@ -1,4 +1,7 @@
-"""`run`: the short step of a call. Prepare the models, build runners and the drafter, decode, assemble."""
+"""`run`: the short step of a call. Prepare the models, build runners and the drafter, decode, assemble.
+
+`decode_plan` is the part a queue of prompts shares (`api.queue`): it takes the queue's `Refill` and the
+processors of its first rows, and returns the buffer whose `results` hold every row's new tokens."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from assisted_backends.api.streaming import StreamSink
 from assisted_backends.backends.base import Backend
 from assisted_backends.distributed import agreement
 from assisted_backends.drafters.factory import build_drafter
+from assisted_backends.engine.joins import Refill
 from assisted_backends.engine.kv_cache import make_layout
 from assisted_backends.engine.loop import LoopSettings, decode
 from assisted_backends.engine.outputs import CommittedScores
@@ -36,6 +40,17 @@ class GenerateResult:
     logits: tuple[torch.Tensor, ...] | None = None
 
 
+@dataclass(frozen=True)
+class QueueSettings:
+    """A queue run (`api.queue`): the prompts still waiting (`refill`), every prompt of the queue as every rank
+    must have it (`agreed_prompts`: all token ids, then each prompt's length) and the per-row processors of the
+    first batch's rows (`first_processors`)."""
+
+    refill: Refill
+    agreed_prompts: torch.Tensor
+    first_processors: list[list]
+
+
 def run(
     plan: GenerationPlan,
     model: PreTrainedModel,
@@ -46,11 +61,31 @@ def run(
 ) -> GenerateResult:
     """Execute `plan` on `model` (and its draft); the models' training flags are restored afterwards."""
     options = plan.options
+    sink = StreamSink(streamer) if streamer is not None else None
+    buffer, stats, record = decode_plan(plan, model, facts, backend, assistant_model, sink)
+    if sink is not None:
+        sink.end()
+    sequences = _sequences(options.input_ids, buffer.results, options.pad_id)
+    return GenerateResult(sequences, stats, **record.as_outputs())
+
+
+def decode_plan(
+    plan: GenerationPlan,
+    model: PreTrainedModel,
+    facts: ModelFacts,
+    backend: Backend,
+    assistant_model: PreTrainedModel | None = None,
+    sink: StreamSink | None = None,
+    queue: QueueSettings | None = None,
+) -> tuple[TokenBuffer, GenerationStats, CommittedScores]:
+    """Prepare the models, build the buffer, runners, drafter and selector of `plan`, and decode (a queue's
+    prompts too); the models' training flags are restored afterwards."""
+    options = plan.options
     ranks = agreement.RankAgreement.current()  # multi-rank launch: same seed, γ, tokens (None: one process)
     seed = plan.seed
     if ranks is not None:
-        seed = ranks.start(seed, options.sampling.do_sample, options.input_ids, plan.agreed_values())
-    sink = StreamSink(streamer) if streamer is not None else None
+        prompts = queue.agreed_prompts if queue is not None else options.input_ids
+        seed = ranks.start(seed, options.sampling.do_sample, prompts, plan.agreed_values())
     uses_draft_model = plan.draft.kind in ("draft_model", "translated")
     with model_state.restored(model, assistant_model):  # training mode back as it was after the call
         target = backend.prepare(model, "target")
@@ -66,6 +101,7 @@ def run(
             plan.filler_rows,
             {name: plan.padded(table, 0, device) for name, table in options.column_inputs.items()},
         )
+        buffer.batched = buffer.batched or queue is not None  # a queue's rows are realigned even in one slot
 
         def runner(
             m: PreTrainedModel, rows: list[int] | None = None, head_on_demand: bool = False, limit: int | None = None
@@ -80,15 +116,16 @@ def run(
         target_runner = runner(target, head_on_demand=plan.head_on_demand, limit=facts.max_positions)
         target_runner.inputs_from = buffer if buffer.columns else None
         drafter = build_drafter(
-            plan.draft, target_runner, draft, runner, plan.static_shapes, len(pads), facts.vocab_size
-        )
+            plan.draft, target_runner, draft, runner, plan.static_shapes, len(pads), facts.vocab_size,
+            rowwise=queue is not None,
+        )  # fmt: skip
         custom = list(options.custom_processors)
         processors = logits_processors(
             model, options.config, options.input_ids, options.attention_mask, device, custom,
             options.prefix_allowed_tokens_fn,
         )  # fmt: skip
-        row_processors = None
-        if len(options.user_pad) > 1:
+        row_processors = queue.first_processors if queue is not None else None
+        if len(options.user_pad) > 1 and queue is None:
             config_limit = options.config.max_length - options.input_ids.shape[1]  # the config's, not a criterion's
             row_processors = row_logits_processors(
                 model, options.config, options.input_ids, options.user_pad, config_limit, device, custom
@@ -120,13 +157,11 @@ def run(
                     stop=StopCheck(options.criteria.asked, plan.bucket_pad) if options.criteria.asked else None,
                     on_commit=sink.commit if sink is not None else None,
                     record=record if (outputs.scores or outputs.logits) else None,
+                    refill=queue.refill if queue is not None else None,
                 ),
                 stats=stats,
             )
-    if sink is not None:
-        sink.end()
-    sequences = _sequences(options.input_ids, buffer.results, options.pad_id)
-    return GenerateResult(sequences, stats, **record.as_outputs())
+    return buffer, stats, record
 
 
 def _sequences(input_ids: torch.Tensor, new_tokens: dict[int, torch.Tensor], pad_id: int) -> torch.Tensor:

@@ -83,22 +83,18 @@ def _generate_task(session, log) -> None:
 
 
 def _generate_batches(session, texts: list[str], log) -> None:
-    """--batch-size N: the prompts in batches of N; every completion printed under its prompt's number."""
+    """--batch-size N: the prompts through N batch slots, each refilled as its row ends (`api.queue`); every
+    completion printed under its prompt's number."""
     from assisted_backends.cli import prompting
 
-    args = session.args
-    completions, token_ids, stats = [], [], []
-    for first in range(0, len(texts), args.batch_size):
-        chunk = texts[first : first + args.batch_size]
-        input_ids, mask, shown = prompting.encode_batch(session.tokenizer, chunk, args)
-        result = session.generate(input_ids, args.max_new_tokens, assisted=session.assisted, attention_mask=mask)
-        for row, row_stats in enumerate(result.stats.rows):
-            new_ids = result.sequences[row, input_ids.shape[1] : input_ids.shape[1] + row_stats.new_tokens]
-            completions.append(session.tokenizer.decode(new_ids, skip_special_tokens=True))
-            token_ids.append(new_ids.tolist())
-            print(f"--- prompt {first + row + 1} of {len(texts)}\n{shown[row]}{completions[-1]}")
-        stats.append(result.stats)
-    _report_generation(session, completions, token_ids, stats, log)
+    prompts, shown = prompting.encode_each(session.tokenizer, texts, session.args)
+    result = prompting.generate_queue(session, prompts, session.args.batch_size)
+    completions, token_ids = [], []
+    for row, new_ids in enumerate(result.tokens):
+        completions.append(session.tokenizer.decode(new_ids, skip_special_tokens=True))
+        token_ids.append(new_ids.tolist())
+        print(f"--- prompt {row + 1} of {len(texts)}\n{shown[row]}{completions[-1]}")
+    _report_generation(session, completions, token_ids, [result.stats], log)
 
 
 def _report_generation(session, completions: list[str], token_ids: list[list[int]], stats: list, log) -> None:

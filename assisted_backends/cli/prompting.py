@@ -1,7 +1,7 @@
 """The generate task's prompt and output: chat templates for instruct models, streaming to the terminal.
 
-`--batch-size N` generates N prompts per call (one per line of `--prompt-file`, or `--prompt` repeated),
-left-padded as `model.generate` expects.
+`--batch-size N` runs the prompts (one per line of `--prompt-file`, or `--prompt` repeated) through N batch
+slots, each refilled with the next prompt as soon as its row ends (`assisted_backends.api.queue`).
 `--chat` renders the prompt (and `--system`, which implies `--chat`) with the tokenizer's own chat
 template and the assistant-turn opener, as instruct models are trained to see it; the rendered text
 is tokenized without adding special tokens again (the template writes them). `--stream` prints each
@@ -82,6 +82,38 @@ def encode_batch(tokenizer, texts: list[str], args: argparse.Namespace) -> tuple
         return encoded.input_ids, encoded.attention_mask, [""] * len(texts)
     encoded = tokenizer(texts, return_tensors="pt", padding=True)
     return encoded.input_ids, encoded.attention_mask, list(texts)
+
+
+def encode_each(tokenizer, texts: list[str], args: argparse.Namespace) -> tuple[list[torch.Tensor], list[str]]:
+    """(each prompt's input_ids [P], unpadded, the text to show before each completion) for a queue."""
+    encoded = [encode(tokenizer, text, args) for text in texts]
+    return [ids[0] for ids, _ in encoded], [shown for _, shown in encoded]
+
+
+def generate_queue(session, prompts: list[torch.Tensor], slots: int):
+    """The prompts through `slots` batch rows with the session's flags (as `Session.generate` passes them to
+    `generate`), each slot refilled as its row ends: an `api.queue.QueueResult`."""
+    from assisted_backends.api.queue import generate_queue as run_queue
+
+    args = session.args
+    drafting = {}
+    if session.assisted:
+        drafting = dict(
+            assistant_model=session.draft,
+            prompt_lookup_num_tokens=args.prompt_lookup,
+            assistant_early_exit=args.assistant_early_exit,
+        )
+        if session.draft is not None and session.draft_tokenizer is not None:
+            drafting.update(tokenizer=session.tokenizer, assistant_tokenizer=session.draft_tokenizer)
+    pad_id = next(
+        (int(t) for t in (session.tokenizer.pad_token_id, session.tokenizer.eos_token_id) if t is not None), 0
+    )
+    return run_queue(
+        session.target, prompts, slots=slots, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+        num_assistant_tokens=args.num_assistant_tokens, schedule=args.schedule, seed=args.seed,
+        static_shapes=args.static_shapes, pad_token_id=pad_id, backend=session.backend, **drafting,
+    )  # fmt: skip
 
 
 def streamer(tokenizer):

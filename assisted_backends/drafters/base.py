@@ -58,6 +58,13 @@ class Drafter(ABC):
         """Batches: the buffer's rows just moved by `move` (`engine.realign`); follow them (stateless: nothing)."""
         return None
 
+    def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
+        """Queues (`engine.joins`): the row at batch `position` is a new prompt, at columns
+        [buffer.pad[position], buffer.length − 1), its first new token at column buffer.length − 1; take it in.
+        `width`: the columns a one-row pass over the prompt feeds (its bucket under static shapes), padded with
+        `pad_id`. Stateless drafters (prompt lookup) have nothing to do."""
+        return None
+
 
 def fill_proposal(
     buffer: TokenBuffer,

@@ -107,3 +107,15 @@ class ModelDrafter(Drafter):
 
     def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
         self.runner.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
+
+    def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
+        """The draft's cache holds columns [0, runner.length) of every row: the joining row's prompt tokens among
+        them come from a one-row pass over the prompt alone; the others are fed as pending tokens in the next
+        proposal's catch-up. Before the draft's first prefill there is nothing to write."""
+        pad = buffer.pad[position]
+        held = self.runner.length - pad  # prompt positions this cache holds
+        if held <= 0:
+            self.runner.layout.set_row_pad(position, pad)
+            return
+        prompt = buffer.ids[position, pad : buffer.length - 1]
+        self.runner.insert_row(position, prompt, pad, held, max(width, prompt.shape[0]), pad_id)

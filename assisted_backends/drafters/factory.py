@@ -133,9 +133,11 @@ def build_drafter(
     static_shapes: bool,
     batch_size: int,
     vocab_size: int,
+    rowwise: bool = False,
 ) -> Drafter | None:
     """The drafter for `spec` (None: plain decoding). `prepared_draft` is the backend-prepared assistant;
-    `static_shapes` asks for exactly γ tokens every round; `vocab_size` is the target's logits width."""
+    `static_shapes` asks for exactly γ tokens every round; `vocab_size` is the target's logits width;
+    `rowwise`: a draft of another tokenizer drafts row by row even for one row (a queue's slots take new rows)."""
     if spec.kind == "prompt_lookup":
         return PromptLookupDrafter(vocab_size, fixed_length=static_shapes)
     if spec.kind == "early_exit":
@@ -165,8 +167,6 @@ def build_drafter(
             max_positions=spec.position_limit,
         )
 
-    return (
-        translating(None)
-        if batch_size == 1
-        else RowwiseDrafter([translating([b]) for b in range(batch_size)], vocab_size)
-    )
+    if batch_size == 1 and not rowwise:
+        return translating(None)
+    return RowwiseDrafter([translating([b]) for b in range(batch_size)], vocab_size, fresh=lambda: translating([0]))

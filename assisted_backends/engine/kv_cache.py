@@ -48,10 +48,35 @@ class CacheLayout(ABC):
         """Batches (`engine.realign`): move every row's cached positions by its shift and keep at most `length`
         (fewer when a row moved left past what was written); `pad` [B'] is each row's new left padding."""
         self.pad = pad
-        keep = max(0, min(length, self.length + min(move.shifts)))
+        keep = max(0, min(length, self.length + min(move.shifts))) if self.length > 0 else 0  # empty stays empty
         if self.length > 0:
             hf_compat.move_cache_rows(self.cache, move, self.length, keep, in_place=self._in_place)
         self.length = keep
+
+    def set_row_pad(self, position: int, pad: int) -> None:
+        """Queues (`engine.joins`): the row at batch `position` has a new occupant behind `pad` columns of padding."""
+        self.pad = self.pad.clone()
+        self.pad[position] = pad
+
+    def write_row(
+        self,
+        position: int,
+        source: CacheLayout,
+        begin: int,
+        source_begin: int,
+        count: int,
+        layers: int | None = None,
+        source_row: int = 0,
+    ) -> None:
+        """Queues: positions [source_begin, source_begin + count) of `source`'s row `source_row` (row 0 of a one-row
+        pass over a joining prompt) become positions [begin, begin + count) of the row at batch `position`; the
+        first `layers` layers only when given (an early-exit view reading the target's cache)."""
+        hf_compat.write_cache_row(self.cache, source.cache, position, source_row, begin, source_begin, count, layers)
+
+    @abstractmethod
+    def one_row(self, model: PreTrainedModel, pad: int, width: int) -> CacheLayout:
+        """An empty layout of this kind for one row of `width` columns, `pad` of them left padding: where a
+        joining prompt's own pass runs before its keys and values are written into this batch's cache."""
 
     def _padding_mask(self, total: int) -> torch.Tensor:
         positions = torch.arange(total, device=self.pad.device)
@@ -84,6 +109,13 @@ class DynamicLayout(CacheLayout):
     def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
         super().move_rows(move, pad, length)
         self._has_padding = bool(pad.any())
+
+    def set_row_pad(self, position: int, pad: int) -> None:
+        super().set_row_pad(position, pad)
+        self._has_padding = bool(self.pad.any())
+
+    def one_row(self, model: PreTrainedModel, pad: int, width: int) -> DynamicLayout:
+        return DynamicLayout(model, torch.tensor([pad], device=self.pad.device))
 
 
 class StaticLayout(CacheLayout):
@@ -124,6 +156,16 @@ class StaticLayout(CacheLayout):
         super().move_rows(move, pad, length)
         hf_compat.set_static_cache_length(self._cache, self.length)
         self._mask = self._padding_mask(self.capacity)
+
+    def set_row_pad(self, position: int, pad: int) -> None:
+        super().set_row_pad(position, pad)
+        self._mask = self._padding_mask(self.capacity)
+
+    def one_row(self, model: PreTrainedModel, pad: int, width: int) -> StaticLayout:
+        """A fresh scratch layout of `width` columns (a prompt bucket): [1, width] fed on an empty [1, width] cache
+        is one more signature per prompt bucket, the same every time (a reused cache, allocated after its first
+        pass, would give each bucket two)."""
+        return StaticLayout(model, torch.tensor([pad], device=self.pad.device), width)
 
 
 def bucketed(length: int, bucket: int) -> int:

@@ -6,7 +6,8 @@ criteria, `engine.stopping`) flags the prefixes of a round where plain decoding 
 device; `on_commit` (streaming, one row) receives each round's committed tokens. Both ride the round's
 one host transfer. Batches are the same loop: every tensor keeps its batch dimension, each row accepts
 its own n_b and stops at its own EOS or token limit, and the rows are realigned after the round
-(`engine.realign`).
+(`engine.realign`). Queues (`refill`) are the same loop too: after a round, the slot of every row that
+ended takes the next prompt (`engine.joins`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from assisted_backends.drafters.base import Drafter, Proposal
 from assisted_backends.engine.acceptance import greedy_accept, speculative_accept
 from assisted_backends.engine.head_on_demand import HeadSplit, greedy_accept_on_demand
+from assisted_backends.engine.joins import Refill, ends_at_once, free_slots, make_room, prefill_row
 from assisted_backends.engine.outputs import CommittedScores
 from assisted_backends.engine.realign import plan_move
 from assisted_backends.engine.runner import ModelRunner
@@ -44,6 +46,7 @@ class LoopSettings:
     stop: StopCheck | None = None  # stop strings / custom criteria, checked on every candidate prefix
     on_commit: Callable[[list[int]], None] | None = None  # receives the committed tokens of each round
     record: CommittedScores | None = None  # keeps the logits behind each committed token
+    refill: Refill | None = None  # a queue of prompts taking the slots of rows that end (`engine.joins`)
 
 
 def _choose_first(
@@ -124,13 +127,28 @@ def _round_outcome(
 
 
 class LiveRows:
-    """The host side of a batch: which batch positions still generate, and each caller row's stats."""
+    """The host side of a batch: which batch positions still generate, and each caller row's stats.
+    `on_finish(row, tokens)`: called with the caller's row index and its new tokens as each row ends."""
 
-    def __init__(self, batch: int, filler_rows: int, stats: GenerationStats) -> None:
+    def __init__(
+        self,
+        batch: int,
+        filler_rows: int,
+        stats: GenerationStats,
+        on_finish: Callable[[int, torch.Tensor], None] | None = None,
+    ) -> None:
         self.live = [True] * (batch - filler_rows) + [False] * filler_rows  # False: finished or filler, riding along
         self.stats = [RowStats() for _ in range(batch - filler_rows)]  # by the caller's row index
         self.total = stats
+        self.on_finish = on_finish
         stats.batch_size, stats.rows = batch - filler_rows, self.stats
+
+    def join(self, position: int, row: int, at: float) -> None:
+        """The caller's row `row` (the next of a queue) takes batch `position`, its prompt pass begun at `at`."""
+        if row != len(self.stats):
+            raise RuntimeError(f"queue rows join in order: expected row {len(self.stats)}, got {row}")
+        self.stats.append(RowStats(joined_s=at))
+        self.live[position] = True
 
     def commit(self, buffer: TokenBuffer, counts: dict[int, int], done: dict[int, bool], end: int, at: float) -> None:
         """Row b (batch position) committed counts[b] tokens ending before column end + counts[b]."""
@@ -142,6 +160,21 @@ class LiveRows:
                 self.live[b] = False
                 row.finished_s = at
                 buffer.finish_row(b, end + count)
+                if self.on_finish is not None:
+                    self.on_finish(buffer.caller_rows[b], buffer.results[buffer.caller_rows[b]])
+
+
+def _on_finish(refill: Refill | None, selector: TokenSelector) -> Callable[[int, torch.Tensor], None] | None:
+    """Queues: a row that ended drops its processors and is handed to the caller's `on_finish`."""
+    if refill is None:
+        return None
+
+    def finished(row: int, tokens: torch.Tensor) -> None:
+        selector.drop_row(row)
+        if refill.on_finish is not None:
+            refill.on_finish(row, tokens)
+
+    return finished
 
 
 def _record(settings: LoopSettings, buffer: TokenBuffer, counts: dict[int, int], logits, scores) -> None:
@@ -177,13 +210,17 @@ def _move_rows(
     drop_finished: bool,
     target: ModelRunner,
     drafter: Drafter | None,
+    reserve: int = 0,
 ) -> tuple[int, bool]:
     """Batches: realign the rows after a round (`engine.realign`); return the shared length afterwards and
     whether the drafter followed (False: it raised, the call goes on without it).
 
-    `length`: the shared length if no row moved (the round's start + max accepted + 1)."""
+    `length`: the shared length if no row moved (the round's start + max accepted + 1); `reserve`: finished
+    rows that stay for a queue's next prompts to take their slots (the first ones), where they would leave."""
     began = time.perf_counter()
-    move, pad, cut = plan_move(buffer.pad, accepted, rows.live, drop_finished, buffer.ids.device)
+    refilled = set(free_slots(rows.live, reserve))
+    stays = [not drop_finished or b in refilled for b in range(len(rows.live))]
+    move, pad, cut = plan_move(buffer.pad, accepted, rows.live, stays, buffer.ids.device)
     if move is None:
         return length, True
     buffer.move_rows(move, pad, move.kept)
@@ -194,6 +231,49 @@ def _move_rows(
     rows.total.row_moves += 1
     rows.total.move_s += time.perf_counter() - began
     return buffer.length, followed
+
+
+def _refill(
+    buffer: TokenBuffer,
+    rows: LiveRows,
+    target: ModelRunner,
+    drafter: Drafter | None,
+    selector: TokenSelector,
+    generator: torch.Generator | None,
+    settings: LoopSettings,
+    started: float,
+) -> Drafter | None:
+    """Queues (`engine.joins`): the slot of every row that ended takes the next prompt, and the next again while
+    the one that joined ends at its first token; return the drafter (None once it raised: plain rounds)."""
+    refill, stats = settings.refill, rows.total
+
+    def choose(logits: torch.Tensor, context: torch.Tensor, own: RowStarts) -> torch.Tensor:
+        return _choose_first(logits, context, selector, generator, own)[0]
+
+    def move_drafter(move) -> None:
+        nonlocal drafter
+        if drafter is not None and not _guarded(drafter, "move_rows", move, buffer)[0]:
+            drafter = None
+
+    for position in free_slots(rows.live, refill.queue.pending()):
+        while refill.queue.pending() and not rows.live[position]:
+            began = time.perf_counter()
+            arrival = refill.queue.take()
+            length = arrival.prompt.shape[0]
+            make_room(buffer, target, length, move_drafter)
+            selector.add_row(arrival.index, arrival.processors)
+            rows.join(position, arrival.index, began - started)
+            joined = prefill_row(buffer, target, refill, position, arrival, choose)
+            done = ends_at_once(joined, buffer, settings.eos_token_ids, settings.stop, settings.max_new_tokens)
+            rows.commit(buffer, {position: 1}, {position: done}, buffer.length - 1, time.perf_counter() - started)
+            if done:
+                selector.drop_row(arrival.index)
+            elif drafter is not None:
+                args = (buffer, position, refill.width(length), refill.pad_id)
+                drafter = drafter if _guarded(drafter, "insert_row", *args)[0] else None
+            stats.joins += 1
+            stats.join_s += time.perf_counter() - began
+    return drafter
 
 
 def decode(
@@ -210,11 +290,14 @@ def decode(
 
     One row: the committed tokens stay in place. Several rows (`engine.realign`): after each round the rows
     move so that all end at one column again; finished rows leave the batch under the dynamic layout
-    and ride along (unread) under static shapes, where the batch size must not change. A draft that raises
+    and ride along (unread) under static shapes, where the batch size must not change. A queue
+    (`settings.refill`): after the prefill and after every round, the slot of each row that ended takes the
+    next prompt (`engine.joins`), until the queue is empty and every row has ended. A draft that raises
     is dropped with one warning (`DraftFailedWarning`) and the call goes on with plain rounds.
     """
     started = time.perf_counter()
-    rows = LiveRows(buffer.ids.shape[0], buffer.filler_rows, stats)
+    refill = settings.refill
+    rows = LiveRows(buffer.ids.shape[0], buffer.filler_rows, stats, _on_finish(refill, selector))
     drop_finished = not settings.static_shapes and target.layout.name == "dynamic"
     split = None  # greedy with the head on demand (`engine.head_on_demand`): decided after the prefill checked it
     full = drafter  # kept for the statistics when a failing draft is dropped
@@ -241,7 +324,8 @@ def decode(
     if settings.on_commit is not None:
         settings.on_commit(tokens)
     if drop_finished and any(rows.live) and not all(rows.live):  # rows done at once leave (static: they ride)
-        _, followed = _move_rows(buffer, rows, [0] * batch, buffer.length, drop_finished, target, drafter)
+        reserve = refill.queue.pending() if refill is not None else 0
+        _, followed = _move_rows(buffer, rows, [0] * batch, buffer.length, drop_finished, target, drafter, reserve)
         drafter = drafter if followed else None
     if target.head_ready and not selector.do_sample and settings.record is None:
         split = HeadSplit()
@@ -249,10 +333,14 @@ def decode(
     prefill_done = time.perf_counter()
     if schedule is not None:
         schedule.observe_prefill(prefill_done - started)
+    if refill is not None:  # rows that ended at their first token: their slots take the next prompts
+        drafter = _refill(buffer, rows, target, drafter, selector, generator, settings, started)
 
     while any(rows.live):
         live = [b for b, alive in enumerate(rows.live) if alive]
         remaining = {b: settings.max_new_tokens - buffer.new_tokens[b] for b in live}
+        if schedule is not None:
+            schedule.observe_batch(buffer.ids.shape[0])  # the rows this round feeds: its costs depend on them
         gamma = schedule.draft_length() if (drafter is not None and schedule is not None) else 0
         if not settings.static_shapes:
             gamma = min(gamma, max(remaining.values()) - 1)  # never draft what cannot be committed
@@ -302,7 +390,8 @@ def decode(
             most = max(n[b] for b in live if rows.live[b])
             n_live = [n[b] if rows.live[b] else 0 for b in range(len(rows.live))]
             length = start + most + 1
-            buffer.length, followed = _move_rows(buffer, rows, n_live, length, drop_finished, target, drafter)
+            reserve = refill.queue.pending() if refill is not None else 0
+            buffer.length, followed = _move_rows(buffer, rows, n_live, length, drop_finished, target, drafter, reserve)
             drafter = drafter if followed else None
         target.rollback(buffer.length - 1)  # the newest committed token stays pending
         if drafter is not None and asked > 0 and not _guarded(drafter, "rollback", buffer)[0]:
@@ -312,8 +401,12 @@ def decode(
             row_accepted = tuple(n[b] for b in live) if buffer.batched else ()
             verify_s = (time.perf_counter() if buffer.batched else verified_at) - drafted_at
             schedule.update(
-                RoundObservation(gamma, sum(n[b] for b in live), drafted_at - round_started, verify_s, row_accepted)
+                RoundObservation(
+                    gamma, sum(n[b] for b in live), drafted_at - round_started, verify_s, row_accepted, len(n)
+                )
             )
+        if refill is not None:
+            drafter = _refill(buffer, rows, target, drafter, selector, generator, settings, started)
 
     settings.synchronize()
     finished_at = time.perf_counter()

@@ -100,20 +100,21 @@ def plan_move(
     pad: list[int],
     accepted: list[int],
     active: list[bool],
-    drop_finished: bool,
+    stays: list[bool],
     device: torch.device,
 ) -> tuple[RowMove | None, list[int], int]:
     """The move after a round: (move or None when nothing moves, new pads, columns dropped on the left).
 
     `pad` [B]: each row's left padding before the move; `accepted` n_b; `active`: rows still generating
-    after this round (at least one). Finished rows leave when `drop_finished`, else ride along unmoved
-    except for the shared left cut.
+    after this round (at least one); `stays`: rows kept in the batch (every active row; finished rows that
+    ride along unmoved except for the shared left cut, or whose slot a queued prompt takes next); the
+    others leave.
     """
     rows = [b for b in range(len(pad)) if active[b]]
     most = max(accepted[b] for b in rows)
     right = [most - accepted[b] if active[b] else 0 for b in range(len(pad))]
     cut = min(pad[b] + right[b] for b in rows)
-    kept = rows if drop_finished else list(range(len(pad)))
+    kept = [b for b in range(len(pad)) if active[b] or stays[b]]
     shifts = [right[b] - cut for b in kept]
     new_pad = [max(pad[b] + shift, 0) for b, shift in zip(kept, shifts)]
     if len(kept) == len(pad) and not any(shifts):
@@ -121,3 +122,11 @@ def plan_move(
     keep = torch.tensor(kept, device=device) if len(kept) != len(pad) else None
     move = RowMove(keep, torch.tensor(shifts, device=device), tuple(shifts), tuple(kept))
     return move, new_pad, cut
+
+
+def widen(pad: list[int], columns: int, device: torch.device) -> tuple[RowMove, list[int]]:
+    """Queues (`engine.joins`): every row moves `columns` right (a joining prompt is longer than the batch's
+    shared length); (the move, the new pads). The columns that enter on the left are padding."""
+    shifts = (columns,) * len(pad)
+    move = RowMove(None, torch.full((len(pad),), columns, device=device), shifts, tuple(range(len(pad))))
+    return move, [p + columns for p in pad]

@@ -91,7 +91,21 @@ class TokenSelector:
             processors = row_processors[0]
         processors = _config_processors(config) if processors is None else list(processors)
         self._prefix_processors, self._warpers = _split(processors)
-        self._row_prefix_processors = [_split(list(p))[0] for p in row_processors] if row_processors else None
+        self._row_prefix_processors: dict[int, list[LogitsProcessor]] | None = None
+        for row, own in enumerate(row_processors or ()):
+            self.add_row(row, own)
+
+    def add_row(self, row: int, processors: list[LogitsProcessor]) -> None:
+        """The caller's row `row` (a prompt joining a queue's batch) is processed by `processors`, those
+        `model.generate` builds for its prompt alone (the same row-wise warpers as every row: one config)."""
+        if self._row_prefix_processors is None:
+            self._row_prefix_processors = {}
+        self._row_prefix_processors[row] = _split(list(processors))[0]
+
+    def drop_row(self, row: int) -> None:
+        """The caller's row `row` finished: its processors are no longer needed."""
+        if self._row_prefix_processors is not None:
+            self._row_prefix_processors.pop(row, None)
 
     @property
     def do_sample(self) -> bool:
@@ -114,11 +128,15 @@ class TokenSelector:
                         self._process(self._prefix_processors, context[:, self.offset : end], logits[:, j])
                     )
                     continue
-                own = self._row_prefix_processors or [self._prefix_processors] * (max(rows.caller_rows) + 1)
+                own = self._row_prefix_processors or {}
                 positions.append(
                     torch.cat(
                         [
-                            self._process(own[row], context[b : b + 1, start:end], logits[b : b + 1, j])
+                            self._process(
+                                own.get(row, self._prefix_processors),
+                                context[b : b + 1, start:end],
+                                logits[b : b + 1, j],
+                            )
                             for b, (start, row) in enumerate(zip(rows.starts, rows.caller_rows))
                         ]
                     )

@@ -17,10 +17,15 @@ A single α and a linear t_v both underestimate deep drafts; measured on the dem
 γ ≈ 1 where γ = 4 was 1.25x faster.
 
 Batches: one γ for the batch. A round of B rows gains Σ_b (n_b + 1) tokens and costs the batch's
-γ·t_d + t_v(γ+1), both measured on the batch; every row adds one sample to the α_i. Expected tokens
-and plain decoding's one token both scale with B, so the comparison is the one above with the
-batch's times: once verifying γ + 1 positions of B rows costs as much as γ + 1 plain steps (compute
-bound), γ = 0 wins and the schedule stops speculating by itself.
+γ·t_d(B) + t_v(B, γ+1), both measured on the batch; every row adds one sample to the α_i (the counts
+decay once per round, not once per row). Expected tokens and plain decoding's one token both scale
+with B, so the comparison is the one above with the batch's times: once verifying γ + 1 positions of
+B rows costs as much as γ + 1 plain steps (compute bound), γ = 0 wins and the schedule stops
+speculating by itself. The live batch changes (rows leave when a queue runs dry, `api.queue`), so the
+costs are kept by the work of a pass: t_v by the tokens it feeds, M = B·(γ + 1) (a pass over B rows of
+γ + 1 tokens does the matmul work of one over B·(γ + 1) rows of one token), t_d by B. A batch that
+shrinks from 16 to 12 rows reads t_v(12, 4) between the measured M = 16 and M = 64 and t_v(12, 1) near
+M = 16: once compute-bound passes become cheaper, speculation comes back on.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class RoundObservation:
     draft_s: float  # wall time of the γ draft steps (0 when γ = 0)
     verify_s: float  # wall time of the target pass over γ + 1 tokens, acceptance included
     row_accepted: tuple[int, ...] = ()  # batches: n_b of every row still generating (`accepted` is their sum)
+    batch: int = 0  # rows the passes fed (filler and finished rows riding along included); 0: the last observed
 
 
 class DraftSchedule(Protocol):
@@ -61,6 +67,9 @@ class DraftSchedule(Protocol):
 
     def observe_prefill(self, seconds: float) -> None:
         """The target's prompt pass took `seconds` (before the first round)."""
+
+    def observe_batch(self, rows: int) -> None:
+        """The next round feeds `rows` rows (the live batch: it changes as rows leave and join)."""
 
 
 class ConstantSchedule:
@@ -76,6 +85,9 @@ class ConstantSchedule:
         return None
 
     def observe_prefill(self, seconds: float) -> None:
+        return None
+
+    def observe_batch(self, rows: int) -> None:
         return None
 
 
@@ -130,11 +142,17 @@ class _PositionAcceptance:
         self.trials = [0.0] * max_gamma
 
     def update(self, gamma: int, accepted: int) -> None:
+        self.update_rows(gamma, (accepted,))
+
+    def update_rows(self, gamma: int, accepted: tuple[int, ...]) -> None:
+        """One round of γ drafted tokens in which row b accepted accepted[b]: the counts decay once (per round,
+        so a batch of 16 rows forgets at the pace of one row), then every row adds its sample."""
         self.successes = [self.decay * value for value in self.successes]
         self.trials = [self.decay * value for value in self.trials]
-        for i in range(min(accepted + 1, gamma)):
-            self.trials[i] += 1.0
-            self.successes[i] += 1.0 if i < accepted else 0.0
+        for n in accepted:
+            for i in range(min(n + 1, gamma)):
+                self.trials[i] += 1.0
+                self.successes[i] += 1.0 if i < n else 0.0
 
     def any_accepted(self) -> bool:
         return any(value > 0 for value in self.successes)
@@ -160,32 +178,37 @@ class _PositionAcceptance:
 
 
 class _VerifyCost:
-    """t_v(q), the wall time of one target pass over q tokens, one robust average per q.
+    """A cost by the size of the work, one robust average per size: t_v(M), the wall time of one target pass
+    feeding M tokens (B rows of q = γ + 1 tokens: M = B·q; one row: M = q), or t_d(B), one draft step over B rows.
 
-    A q measured at least twice is *settled*. A q not settled is interpolated between the nearest
-    settled q below and above, or, past the largest settled q, taken as equal to it: optimistic, so the
-    schedule tries it and learns. A q measured once is taken as at most that estimate: the first pass of
-    a shape pays for its kernels and buffers (measured: 2.5 decode steps for Gemma 3's first 3-token pass
-    against 1.2 later), and one inflated sample must not rule a width out for good.
+    A size measured at least twice is *settled*. A size not settled is interpolated between the nearest
+    settled sizes below and above, or, past either end, taken as equal to the nearest one: optimistic past
+    the largest, so the schedule tries it and learns. A size measured once is taken as at most that
+    estimate: the first pass of a shape pays for its kernels and buffers (measured: 2.5 decode steps for
+    Gemma 3's first 3-token pass against 1.2 later), and one inflated sample must not rule a width out for good.
     """
 
-    def __init__(self, max_query: int) -> None:
-        self.by_query = [_Ema(0.3) for _ in range(max_query + 1)]  # index q; 0 unused
+    def __init__(self, max_query: int | None = None) -> None:  # `max_query`: kept for callers; sizes are open
+        self.by_size: dict[int, _Ema] = {}
 
-    def add(self, query_length: int, seconds: float) -> None:
-        self.by_query[query_length].add(seconds)
+    def add(self, size: int, seconds: float) -> None:
+        self.by_size.setdefault(size, _Ema(0.3)).add(seconds)
 
-    def samples(self, query_length: int) -> int:
-        return self.by_query[query_length].samples
+    def samples(self, size: int | None = None) -> int:
+        """Samples at `size` (None: at every size together)."""
+        if size is None:
+            return sum(ema.samples for ema in self.by_size.values())
+        own = self.by_size.get(size)
+        return own.samples if own is not None else 0
 
-    def __call__(self, query_length: int) -> float:
-        measured = [(q, ema.value, ema.samples) for q, ema in enumerate(self.by_query) if ema.value is not None]
+    def __call__(self, size: int) -> float:
+        measured = sorted((q, ema.value, ema.samples) for q, ema in self.by_size.items())
         if not measured:
             return 0.0
         settled = [(q, v) for q, v, samples in measured if samples >= 2] or [(q, v) for q, v, _ in measured]
-        estimate = _interpolate(settled, query_length)
-        own = self.by_query[query_length]
-        return min(own.value, estimate) if own.value is not None else estimate
+        estimate = _interpolate(settled, size)
+        own = self.by_size.get(size)
+        return min(own.value, estimate) if own is not None else estimate
 
 
 def _interpolate(known: list[tuple[int, float]], query_length: int) -> float:
@@ -203,14 +226,14 @@ def _interpolate(known: list[tuple[int, float]], query_length: int) -> float:
 class AdaptiveSchedule:
     """Chooses γ ∈ {0, …, γ_max} maximising E[tokens](γ) / (γ·t_d + t_v(γ+1)).
 
-    α_i come from `_PositionAcceptance` (decayed counts), t_v(q) from `_VerifyCost`, t_d from the
-    draft time per drafted token. The first two rounds are plain (measure t_v(1)); the next one drafts
-    `initial` tokens (measure t_d, t_v(initial + 1) and α_1..α_initial), and so does a second one if
-    the first accepted anything. Then γ follows the estimates; an unmeasured t_v(q) is taken as the
-    largest measured one and an unreached α_i as α_{i−1}, so a good draft is pushed deeper round by
-    round, and while plain decoding wins, a γ = 1 probe (the cheapest) runs now and then. A switch to
-    speculation must beat plain decoding by `margin`, so break-even pairs (c ≈ α) stay plain. A draft
-    whose try would cost more than `trial_budget` of the plain decoding left is never tried
+    α_i come from `_PositionAcceptance` (decayed counts), t_v(B, q) from `_VerifyCost` keyed by the tokens a
+    pass feeds (M = B·q, B the live batch of `observe_batch`), t_d(B) from the draft time per drafted token. The
+    first two rounds are plain (measure t_v(1)); the next one drafts `initial` tokens (measure t_d, t_v(initial
+    + 1) and α_1..α_initial), and so does a second one if the first accepted anything. Then γ follows the
+    estimates; an unmeasured t_v(q) is taken as the largest measured one and an unreached α_i as α_{i−1}, so a
+    good draft is pushed deeper round by round, and while plain decoding wins, a γ = 1 probe (the cheapest) runs
+    now and then. A switch to speculation must beat plain decoding by `margin`, so break-even pairs (c ≈ α) stay
+    plain. A draft whose try would cost more than `trial_budget` of the plain decoding left is never tried
     (`worth_trying`), so plain decoding is the worst case, within the budgets.
     """
 
@@ -245,18 +268,32 @@ class AdaptiveSchedule:
         self.never = cost_prior is not None and cost_prior >= NEVER_PAYS_COST_RATIO
         self.margin = margin
         self.acceptance = _PositionAcceptance(max_gamma, decay)
-        self.draft_step = _Ema(0.3)  # t_d
-        self.verify = _VerifyCost(max_gamma + 1)  # t_v(q)
+        self.draft_step = _VerifyCost()  # t_d(B), by the rows of the batch
+        self.verify_cost = _VerifyCost()  # t_v by the tokens a pass feeds, M = B·q
+        self.batch = 1  # rows the next round feeds (`observe_batch`)
+        self.plain_measured = 0  # plain rounds observed, at any batch size
         self.rounds = 0
         self.plain_streak = 0
         self.horizon = horizon
         self.made = 1.0  # tokens made per row so far, the prefill's included (batches: the mean over rows)
         self.chosen: list[int] = []  # γ of every round, for statistics and tests
 
+    def verify(self, query_length: int) -> float:
+        """t_v(B, q): one target pass over q tokens of each of the B rows of the live batch."""
+        return self.verify_cost(self.batch * query_length)
+
+    def draft_seconds(self) -> float:
+        """t_d(B): one draft step over the live batch (0 before any was measured)."""
+        return self.draft_step(self.batch)
+
+    def observe_batch(self, rows: int) -> None:
+        self.batch = max(1, rows)
+
     def tokens_per_second(self) -> list[float]:
-        """Expected tokens per second for γ = 0 (plain), 1, …, γ_max: E(γ) / (γ·t_d + t_v(γ+1))."""
+        """Expected tokens per second per row for γ = 0 (plain), 1, …, γ_max: E(γ) / (γ·t_d + t_v(γ+1)), at the
+        live batch."""
         expected = self.acceptance.expected_tokens_by_gamma()
-        t_d = self.draft_step.value or 0.0
+        t_d = self.draft_seconds()
         return [expected[g] / max(g * t_d + self.verify(g + 1), 1e-9) for g in range(self.max_gamma + 1)]
 
     def best_gamma(self) -> int:
@@ -270,7 +307,7 @@ class AdaptiveSchedule:
         the overhead within `probe_budget`."""
         plain = max(self.verify(1), 1e-9)
         probe = self.probe_gamma
-        overhead = (probe * (self.draft_step.value or 0.0) + max(0.0, self.verify(probe + 1) - plain)) / plain
+        overhead = (probe * self.draft_seconds() + max(0.0, self.verify(probe + 1) - plain)) / plain
         return max(2, min(self.max_probe_interval, math.ceil(overhead / self.probe_budget)))
 
     def worth_probing(self) -> bool:
@@ -299,12 +336,12 @@ class AdaptiveSchedule:
     def draft_length(self) -> int:
         if self.never or self.declined:
             gamma = 0  # as costly as the target (S <= (γ+1)/(γc+1) <= 1 for c >= 1), or its try is over budget
-        elif self.verify.samples(1) < 2 and not self.free:
+        elif self.plain_measured < 2 and not self.free:
             gamma = 0  # measure t_v(1), twice: plain rounds cost nothing extra (a free drafter starts at once)
-        elif self.draft_step.samples == 0 and not self.worth_trying():
+        elif self.draft_step.samples() == 0 and not self.worth_trying():
             self.declined = True  # the budget only shrinks as tokens are made: decided for good
             gamma = 0
-        elif self.draft_step.samples == 0 or (self.draft_step.samples == 1 and self.acceptance.any_accepted()):
+        elif self.draft_step.samples() == 0 or (self.draft_step.samples() == 1 and self.acceptance.any_accepted()):
             # measure α_i, t_d and t_v(initial + 1): one round for a draft that got nothing right,
             # two for one that did, so that a single warm-up-inflated time does not end speculation
             gamma = self.initial
@@ -318,16 +355,17 @@ class AdaptiveSchedule:
     def update(self, observation: RoundObservation) -> None:
         self.rounds += 1
         gamma = observation.drafted
+        batch = observation.batch or self.batch
         rows = observation.row_accepted or (observation.accepted,)
         self.made += 1 + sum(rows) / len(rows)
-        self.verify.add(gamma + 1, observation.verify_s)
+        self.verify_cost.add(batch * (gamma + 1), observation.verify_s)
         if gamma == 0:
+            self.plain_measured += 1
             self.plain_streak += 1
             return
         self.plain_streak = 0
-        for accepted in rows:  # a batch: one sample per row
-            self.acceptance.update(gamma, accepted)
-        self.draft_step.add(observation.draft_s / gamma)
+        self.acceptance.update_rows(gamma, rows)  # a batch: one sample per row
+        self.draft_step.add(batch, observation.draft_s / gamma)
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,15 @@ class _Rates:
 
 @dataclass
 class RowStats(_Rates):
-    """One row of a batch: its new tokens, its rounds (those it took part in) and its latency."""
+    """One row of a batch: its new tokens, its rounds (those it took part in) and its latency. Queues: a row
+    joins when a slot frees (`joined_s`); its latency in the batch is finished_s − joined_s."""
 
     new_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
     rounds: int = 0
     finished_s: float = 0.0  # from the start of the call's prefill until the row's last token was committed
+    joined_s: float = 0.0  # queues: from the start of the call until the row's prompt pass began (0: the first batch)
 
     def record_round(self, drafted: int, accepted: int) -> None:
         self.rounds += 1
@@ -51,7 +53,8 @@ class GenerationStats(_Rates):
     averages over every round; `tokens_per_speculative_round` only over rounds that drafted.
     Batches: counts are sums over rows (a round counts once per row it served), `rows` holds each
     row's own (in the caller's order), `verify_passes` the target's passes after the prefill and
-    `row_moves` / `move_s` what realigning the rows cost (`engine.realign`).
+    `row_moves` / `move_s` what realigning the rows cost (`engine.realign`). Queues: `joins` rows took
+    a freed slot, their prompt passes and cache insertions took `join_s` (inside decode_s; `engine.joins`).
     """
 
     new_tokens: int = 0
@@ -73,6 +76,8 @@ class GenerationStats(_Rates):
     rows: list[RowStats] = field(default_factory=list)
     row_moves: int = 0  # batches: rounds after which rows were realigned (`engine.realign`)
     move_s: float = 0.0  # wall time of those realignments (inside decode_s)
+    joins: int = 0  # queues: rows that joined the batch after its first prefill (`engine.joins`)
+    join_s: float = 0.0  # wall time of their prompt passes and insertions (inside decode_s)
     head_positions_skipped: int = 0  # verified positions whose logits were never computed (`engine.head_on_demand`)
     drafting_stopped: str | None = None  # why drafting stopped for the rest of the call (its limits, an error)
     drafting_stopped_at: int | None = None  # new tokens committed (all rows) when it stopped
@@ -90,8 +95,9 @@ class GenerationStats(_Rates):
 
     @property
     def verify_passes(self) -> int:
-        """Target forwards after the prefill: one per round of the whole batch."""
-        return max(self.target_forwards - 1, 0)
+        """Target forwards after the prefill: one per round of the whole batch (a queue's joining prompt passes
+        not counted)."""
+        return max(self.target_forwards - 1 - self.joins, 0)
 
     @property
     def total_s(self) -> float:

@@ -93,6 +93,18 @@ class TokenBuffer:
         """Keep the new tokens of the row at batch `position`, whose last one sits at column end − 1."""
         self.results[self.caller_rows[position]] = self.row_tokens(position, end, self.new_tokens[position]).clone()
 
+    def place_row(self, position: int, prompt: torch.Tensor, caller_row: int, fill_value: int) -> int:
+        """Queues (`engine.joins`): the slot at batch `position` takes the caller's row `caller_row`, whose prompt
+        [P] ends at column length − 1 (the column of its first new token, the newest committed column of every
+        row); return its left padding length − 1 − P (the caller made room: P < length)."""
+        begin = self.length - 1 - prompt.shape[0]
+        self.ids[position, :begin] = fill_value
+        self.ids[position, begin : self.length - 1] = prompt
+        self.pad[position] = begin
+        self.caller_rows[position] = caller_row
+        self.new_tokens[position] = 0
+        return begin
+
     def row_view(self, position: int) -> OneRowView:
         """The row at batch `position` as a one-row buffer, reading through to this one."""
         return OneRowView(self, position)

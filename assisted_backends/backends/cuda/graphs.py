@@ -14,8 +14,10 @@ Life of one signature (shapes, dtypes and the non-tensor arguments of a call) on
    device; the cache's write position is set back to where the eager step left it, so a runtime whose
    capture does execute (the CPU test fake) leaves the same state.
 2. later calls: copy the new inputs into the static buffers, replay, return a copy of the output.
-Graphs hold raw pointers to one cache's tensors: a new cache (a new `generate` call) drops them all.
-Prefill (the first call on a cache) and calls with more than `max_query_tokens` tokens run eagerly.
+Graphs hold raw pointers to one cache's tensors: a new cache (a new `generate` call) drops them all, from
+its second call on. Prefill (the first call on a cache) and calls with more than `max_query_tokens` tokens
+run eagerly; a cache that gets one call only (a queue's joining prompt pass, `engine.joins`) is never bound,
+so the batch's graphs survive it.
 
 The device side is a `GraphRuntime` (CUDA: `backends/cuda/backend.py`); this module imports no device API.
 """
@@ -98,19 +100,24 @@ class StepGraphs:
         self.stats = GraphStats()
         self._steps: dict[Signature, CapturedStep] = {}
         self._cache: Any = None  # strong reference: the graphs point into its tensors
+        self._first: Any = None  # a cache seen once (its prefill ran eagerly): bound at its second call
 
     @property
     def keys(self) -> list[tuple[str, Signature]]:
         return [(self.role, signature) for signature in self._steps]
 
     def _bind(self, cache: Any) -> bool:
-        """Make `cache` current; True when it is new (its graphs must be captured afresh)."""
+        """True when this is `cache`'s first call (it runs eagerly, the bound cache's graphs kept); at its second
+        call `cache` becomes current and the graphs of the previous one are dropped."""
         if cache is self._cache:
             return False
+        if cache is not self._first:
+            self._first = cache
+            return True
         self._steps.clear()
-        self._cache = cache
+        self._cache, self._first = cache, None
         self.stats.caches_bound += 1
-        return True
+        return False
 
     def run(
         self,

@@ -9,6 +9,8 @@ verifies one [B, γ + 1] block. Draft steps are not batched across rows; verific
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from assisted_backends.drafters.any_pair.drafter import TranslatingDrafter
@@ -21,17 +23,37 @@ from assisted_backends.engine.tokens import TokenBuffer
 class RowwiseDrafter(Drafter):
     """One `TranslatingDrafter` per batch row (`drafters[b]` drafts row b)."""
 
-    def __init__(self, drafters: list[TranslatingDrafter], vocab_size: int) -> None:
+    def __init__(
+        self,
+        drafters: list[TranslatingDrafter],
+        vocab_size: int,
+        fresh: Callable[[], TranslatingDrafter] | None = None,
+    ) -> None:
         self.drafters = drafters
         self.vocab_size = vocab_size
         self.name = drafters[0].name
+        self.fresh = fresh  # a new one-row drafter, for a row that joins (queues)
+        self.prefilled = False
+        self.retired_forwards = 0  # forwards of the drafters of rows that were replaced
 
     @property
     def forward_count(self) -> int:
-        return sum(drafter.forward_count for drafter in self.drafters)
+        return self.retired_forwards + sum(drafter.forward_count for drafter in self.drafters)
 
     def prefill(self, buffer: TokenBuffer) -> None:
+        self.prefilled = True
         for position, drafter in enumerate(self.drafters):
+            drafter.prefill(buffer.row_view(position))
+
+    def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
+        """A joining row gets a drafter of its own, which reads the row's prompt now if the others have read theirs."""
+        if self.fresh is None:
+            raise NotImplementedError("this draft of another tokenizer was built without a factory for joining rows")
+        self.retired_forwards += self.drafters[position].forward_count
+        drafter = self.fresh()
+        drafter.shift_columns(0, buffer.pad[position])  # not prefilled: sets its padding
+        self.drafters[position] = drafter
+        if self.prefilled:
             drafter.prefill(buffer.row_view(position))
 
     def rollback(self, buffer: TokenBuffer) -> None:

@@ -1,0 +1,228 @@
+"""Many prompts through a fixed number of slots: `generate_queue(model, prompts, slots=8, ...)` and
+`AssistedGenerator.generate_many(prompts, slots=8, ...)`.
+
+An evaluation set or a server's requests: prompts of different lengths whose answers end at different
+tokens (EOS, stop strings, the limit). Fixed batches of B end with their slowest row, and the rounds
+before that serve fewer and fewer rows at a cost that does not shrink with them. Here the first B
+prompts start as one left-padded batch (its prefill is `generate`'s), and each row that ends frees its
+slot for the next prompt of the queue, whose own prompt pass joins the batch (`engine.joins`); the one
+loop goes on until the queue is empty and every row has ended. Under static shapes the slot count is
+the batch bucket (B rounded up to a power of two), so every slot serves a prompt.
+
+Each prompt's tokens are those `model.generate` gives that prompt alone (greedy; when sampling, its
+distribution), whatever its neighbours and whenever it joined (docs/design.md rule 7): its
+processors, stop strings and limits are its own. Arguments are `generate`'s, except what belongs to
+one batch or counts its padding, which is refused by name: `attention_mask` (prompts come unpadded),
+`streamer` (use `on_finish`), `token_type_ids` / `position_ids`, `output_scores` / `output_logits`,
+`prefix_allowed_tokens_fn`, and `max_length` or a `MaxLengthCriteria` without `max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from assisted_backends.api.plan import GenerationPlan, batch_bucket
+from assisted_backends.api.run import QueueSettings, decode_plan
+from assisted_backends.engine.joins import Arrival, PromptQueue, Refill
+from assisted_backends.engine.kv_cache import bucketed
+from assisted_backends.engine.stats import GenerationStats
+from assisted_backends.options import ranges
+from assisted_backends.options.errors import OptionError
+from assisted_backends.options.processors import row_logits_processors
+from assisted_backends.options.resolve import user_set
+
+if TYPE_CHECKING:
+    from assisted_backends.api.generation import AssistedGenerator
+
+DEFAULT_SLOTS = 8
+PromptLike = torch.Tensor | list[int] | tuple[int, ...] | Mapping[str, Any]
+_PER_BATCH = ("attention_mask", "streamer", "token_type_ids", "position_ids", "input_ids")
+
+
+@dataclass
+class QueueResult:
+    """`tokens[i]`: the new tokens of prompt i (up to and including its EOS, as `model.generate` gives them,
+    without padding); `stats`: the run's statistics, `stats.rows[i]` prompt i's own (its rounds, when it
+    joined and finished, in seconds from the start of the call)."""
+
+    tokens: list[torch.Tensor]
+    stats: GenerationStats
+
+    def sequences(self, prompts: Iterable[PromptLike]) -> list[torch.Tensor]:
+        """Each prompt followed by its new tokens, as `model.generate` returns one prompt alone."""
+        return [torch.cat([p.to(t.device), t]) for p, t in zip(as_prompts(prompts), self.tokens)]
+
+
+def as_prompts(prompts: Iterable[PromptLike]) -> list[torch.Tensor]:
+    """The queue as 1-D token id tensors: a [N, P] tensor's rows, or each item as token ids (a list, a 1-D or
+    [1, P] tensor, or a tokenized dataset's row: a mapping with `input_ids`)."""
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() != 2:
+            raise OptionError(f"{{name}} as a tensor must be [N, P] (one prompt per row), got {list(prompts.shape)}",
+                              name="prompts")  # fmt: skip
+        items: list = list(prompts.unbind(0))
+    else:
+        items = list(prompts)
+    return [_one_prompt(item, i) for i, item in enumerate(items)]
+
+
+def _one_prompt(item: PromptLike, index: int) -> torch.Tensor:
+    if isinstance(item, Mapping):
+        if "input_ids" not in item:
+            raise OptionError(f"{{name}}[{index}] is a mapping without 'input_ids'", name="prompts")
+        item = item["input_ids"]
+    ids = torch.as_tensor(item)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex():
+        raise OptionError(f"{{name}}[{index}] must be token ids (a list of ints or a 1-D integer tensor)",
+                          name="prompts")  # fmt: skip
+    if ids.numel() == 0:
+        raise OptionError(f"{{name}}[{index}] is empty: every prompt needs at least one token", name="prompts")
+    return ids.long()
+
+
+def left_padded(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids [B, P], attention_mask [B, P]): the prompts right-aligned, as a left-padding tokenizer gives."""
+    width = max(p.shape[0] for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, prompt in enumerate(prompts):
+        ids[b, width - prompt.shape[0] :] = prompt
+        mask[b, width - prompt.shape[0] :] = 1
+    return ids, mask
+
+
+def _refuse_per_batch(arguments: dict[str, Any], on_finish) -> None:
+    for name in _PER_BATCH:
+        if arguments.get(name) is not None:
+            advice = "stream finished prompts with on_finish=" if name == "streamer" else "pass unpadded prompts"
+            raise OptionError(f"{{name}} belongs to one batch, not to a queue of prompts: {advice}", name=name)
+    if on_finish is not None and not callable(on_finish):
+        raise OptionError("{name} must be callable as on_finish(index, tokens)", name="on_finish")
+
+
+def _refuse_in_plan(plan: GenerationPlan, generator: AssistedGenerator, arguments: dict[str, Any]) -> None:
+    """What the first batch's plan accepted but a queue cannot honour per prompt."""
+    options = plan.options
+    if options.outputs.scores or options.outputs.logits:
+        raise OptionError("{name} is not served by a queue; call generate() per batch for scores",
+                          name="output_scores" if options.outputs.scores else "output_logits")  # fmt: skip
+    if options.prefix_allowed_tokens_fn is not None:
+        raise OptionError("{name} is not served by a queue (its batch_id would not name the prompt)",
+                          name="prefix_allowed_tokens_fn")  # fmt: skip
+    explicit = {k: v for k, v in arguments.items() if k not in ("generation_config",)}
+    configs = (arguments.get("generation_config"), getattr(generator.model, "generation_config", None))
+    length_set = user_set("max_length", explicit, *configs) is not None
+    if options.config.max_new_tokens is None and (length_set or options.criteria.max_length is not None):
+        raise OptionError(
+            "{name} counts the prompt, and a queue's prompts have different lengths: pass max_new_tokens",
+            name="max_length",
+        )
+
+
+def _queue_plan(plan: GenerationPlan, generator: AssistedGenerator, prompts: list[torch.Tensor], slots: int):
+    """The first batch's plan with the queue's capacity (its longest prompt) and the schedule's horizon (the
+    tokens each slot makes over the whole queue), the longest prompt checked against the target's positions."""
+    from assisted_backends.api.plan import _check_target_length
+
+    options = plan.options
+    longest = max(p.shape[0] for p in prompts)
+    lookahead = (plan.schedule.gamma + 1) if plan.schedule is not None else 1
+    first_width = options.input_ids.shape[1] + plan.bucket_pad
+    capacity = max(first_width, longest) + options.max_new_tokens + lookahead
+    cache_length = bucketed(capacity, plan.padding.bucket) if plan.layout == "static" else capacity - lookahead
+    _check_target_length(generator.facts, longest, options.max_new_tokens, cache_length)
+    schedule = plan.schedule
+    if schedule is not None and schedule.horizon is not None:
+        schedule = dataclasses.replace(schedule, horizon=options.max_new_tokens * math.ceil(len(prompts) / slots))
+    return dataclasses.replace(plan, capacity=capacity, schedule=schedule)
+
+
+def _processors(generator: AssistedGenerator, plan: GenerationPlan, prompt: torch.Tensor) -> list:
+    """The processors `model.generate` builds for `prompt` [P] alone."""
+    options = plan.options
+    config_limit = options.config.max_length - options.input_ids.shape[1]  # max_new_tokens (max_length refused)
+    device = generator.backend.device
+    custom = list(options.custom_processors)
+    return row_logits_processors(generator.model, options.config, prompt[None], [0], config_limit, device, custom)[0]
+
+
+def _arrivals(
+    generator: AssistedGenerator, plan: GenerationPlan, prompts: list[torch.Tensor], first: int
+) -> Iterator[Arrival]:
+    for index in range(first, len(prompts)):
+        yield Arrival(index, prompts[index], _processors(generator, plan, prompts[index]))
+
+
+def _agreed(prompts: list[torch.Tensor]) -> torch.Tensor:
+    """Every prompt's ids, then every prompt's length: what every rank of a launch must hold the same."""
+    return torch.cat([*prompts, torch.tensor([p.shape[0] for p in prompts])])
+
+
+def generate_many(
+    generator: AssistedGenerator,
+    prompts: Iterable[PromptLike],
+    slots: int = DEFAULT_SLOTS,
+    on_finish: Callable[[int, torch.Tensor], None] | None = None,
+    **arguments: Any,
+) -> QueueResult:
+    """Generate after every prompt of `prompts` through `slots` batch rows (see the module docstring);
+    `on_finish(i, tokens)` is called as prompt i ends, in the order they end."""
+    slots = ranges.check_integer("slots", slots, minimum=1)
+    _refuse_per_batch(arguments, on_finish)
+    queue = as_prompts(prompts)
+    if not queue:
+        raise OptionError("{name} is empty: nothing to generate", name="prompts")
+    if generator.backend.padding(bool(arguments.get("static_shapes", False))).static_shapes:
+        slots = batch_bucket(slots)  # static shapes run the batch bucket: every slot serves a prompt
+    first = min(slots, len(queue))
+    input_ids, mask = left_padded(queue[:first], 0)
+    plan = generator.plan(input_ids, attention_mask=mask, **arguments)
+    _refuse_in_plan(plan, generator, arguments)
+    plan = _queue_plan(plan, generator, queue, slots)
+    refill = Refill(
+        PromptQueue(_arrivals(generator, plan, queue, first), len(queue) - first),
+        plan.options.pad_id,
+        plan.padding.bucket if plan.static_shapes else None,
+        on_finish,
+    )
+    settings = QueueSettings(refill, _agreed(queue), [_processors(generator, plan, p) for p in queue[:first]])
+    buffer, stats, _ = decode_plan(
+        plan, generator.model, generator.facts, generator.backend, generator.assistant_model, queue=settings
+    )
+    stats.batch_size = slots
+    return QueueResult([buffer.results[i] for i in range(len(queue))], stats)
+
+
+def generate_queue(
+    model,
+    prompts: Iterable[PromptLike],
+    *,
+    slots: int = DEFAULT_SLOTS,
+    on_finish: Callable[[int, torch.Tensor], None] | None = None,
+    assistant_model=None,
+    tokenizer: Any = None,
+    assistant_tokenizer: Any = None,
+    device: str = "auto",
+    dtype: str | None = None,
+    draft_precision: str | None = None,
+    bucket_size: int | None = None,
+    backend=None,
+    **arguments: Any,
+) -> QueueResult:
+    """`generate` for many prompts through `slots` batch rows, each slot refilled as its row ends (see the module
+    docstring); models and device as `generate` takes them."""
+    from assisted_backends.api.generation import AssistedGenerator
+
+    generator = AssistedGenerator(
+        model, assistant_model, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer, device=device,
+        dtype=dtype, draft_precision=draft_precision, bucket_size=bucket_size, backend=backend,
+    )  # fmt: skip
+    return generator.generate_many(prompts, slots=slots, on_finish=on_finish, **arguments)

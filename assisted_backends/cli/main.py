@@ -45,12 +45,36 @@ def _read_prompt(args: argparse.Namespace, session) -> str:
 
 
 def _print_runtime(session, log) -> dict:
+    """The notices, then the backend report: one summary line, or every field with -v."""
     runtime = session.runtime()
     for notice in session.notices:
         print(notice, file=log)
-    for key, value in runtime.items():
-        print(f"{key}: {value}", file=log)
+    if getattr(session.args, "verbose", False):
+        for key, value in runtime.items():
+            print(f"{key}: {value}", file=log)
+        return runtime
+    print(session.summary(), file=log)
+    if "thread_warning" in runtime:
+        print(f"warning: {runtime['thread_warning']}", file=log)
     return runtime
+
+
+def _quiet_libraries(args: argparse.Namespace) -> None:
+    """Before torch and transformers load: OpenMP's wait policy (`cli.threads`), and transformers' progress bars
+    and info logs off unless -v. Where they were loaded already (an in-process call) their own switches are used."""
+    from assisted_backends.cli.threads import set_wait_policy
+
+    loaded = "torch" in sys.modules
+    args.wait_policy = "unchanged (torch was loaded before the CLI started)" if loaded else set_wait_policy()
+    if args.verbose:
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging
+
+        logging.set_verbosity_error()
+        logging.disable_progress_bar()
 
 
 def _generate_task(session, log) -> None:
@@ -179,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         validate(args)
         preflight(args)
+        _quiet_libraries(args)
         _run(args)
     except KeyboardInterrupt:
         print("interrupted (Ctrl-C)", file=sys.stderr)

@@ -91,10 +91,8 @@ def from_directory(directory: Path, name: str, flag: str, complete: bool = True)
     template = bool(tokenizer_config.get("chat_template")) or any(
         (directory / template_file).is_file() for template_file in CHAT_TEMPLATE_FILES
     )
-    tokenizer_json = directory / "tokenizer.json"
-    return ModelFiles(
-        name, flag, _read_json(directory / "config.json"), tokenizer_json if tokenizer_json.is_file() else None, template
-    )
+    tokenizer_json = directory / "tokenizer.json" if (directory / "tokenizer.json").is_file() else None
+    return ModelFiles(name, flag, _read_json(directory / "config.json"), tokenizer_json, template)
 
 
 def from_gguf(path: Path, name: str, flag: str) -> ModelFiles:

@@ -113,7 +113,8 @@ def _prompt_tokens(args: argparse.Namespace, target: ModelFiles) -> int | None:
     text = args.prompt_text if args.prompt_text is not None else args.prompt
     if not text:
         return None
-    prompts = [line for line in text.splitlines() if line.strip()] if args.prompt_text and args.batch_size > 1 else [text]
+    per_line = args.prompt_text is not None and args.batch_size > 1
+    prompts = [line for line in text.splitlines() if line.strip()] if per_line else [text]
     counts = [target.count_tokens(prompt) for prompt in prompts]
     return None if None in counts else max(counts)
 

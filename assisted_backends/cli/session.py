@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from assisted_backends.backends.base import DTYPES
 from assisted_backends.backends.cpu import affinity
 from assisted_backends.cli.errors import CLIError
 from assisted_backends.cli.loading import default_assistant
+from assisted_backends.cli.threads import ThreadChoice, initial_choice, probe, probe_applies
 from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
 from assisted_backends.distributed import launch as distributed
 from assisted_backends.loading.models import load_model, load_tokenizer, saved_generation_config
@@ -45,11 +47,37 @@ class Session:
     draft_tokenizer: Any = None
     notices: list[str] = field(default_factory=list)
     held_out_text: str | None = None
-    threads: dict[str, str] = field(default_factory=dict)
+    threads: ThreadChoice | None = None
+    wait_policy: str = ""
 
     def runtime(self) -> dict[str, str]:
         """The backend's report (device, precision, placement) plus how the thread count was chosen."""
-        return {**self.backend.describe(), **self.threads}
+        report = {**self.backend.describe(), **(self.threads.report() if self.threads else {})}
+        busy = affinity.busy_note(threads=self.threads.threads if self.threads else None)
+        if busy is not None:
+            report["machine_busy"] = busy
+        if self.wait_policy:
+            report["omp_wait_policy"] = self.wait_policy
+        return report
+
+    def summary(self) -> str:
+        """The report in one line: device, precisions, threads and why."""
+        report = self.runtime()
+        draft = f", draft {report['draft_precision']}" if self.draft is not None else ""
+        threads = ""
+        if "threads" in report:
+            count, why = int(report["threads"]), f"{report['threads_from']}: {report['threads_reason']}"
+            threads = f"; {count} thread{'s' if count > 1 else ''} ({why})"
+        device = report.get("device", self.backend.name)
+        return f"{device}: target {report.get('dtype', '?')}{draft}{threads}; -v for the full report"
+
+    def recheck_threads(self) -> ThreadChoice | None:
+        """Probe again (between benchmark cases) when the count came from a probe; the new choice if it changed."""
+        if self.threads is None or self.threads.source != "probe":
+            return None
+        previous = self.threads.threads
+        self.threads = probe(self.threads, self.target, self.backend.device, affinity.usable_cores())
+        return self.threads if self.threads.threads != previous else None
 
     def demo_prompt(self) -> str:
         """The generate task's prompt for the demo pair when none is given."""
@@ -169,25 +197,22 @@ def _require_local_default(draft: str) -> None:
     )
 
 
-def _choose_threads(args: argparse.Namespace) -> dict[str, str]:
-    """Set torch's threads (--threads > $OMP_NUM_THREADS > usable cores) and say where the number came from."""
-    omp = os.environ.get("OMP_NUM_THREADS")
-    if args.threads is not None:
-        threads, source = affinity.set_threads(args.threads), "--threads"
-    elif omp:
-        threads, source = torch.get_num_threads(), "OMP_NUM_THREADS"
-    else:
-        threads = affinity.set_threads(None)
-        quota = affinity.cgroup_cpu_quota()
-        source = (
-            f"usable cores: affinity {len(affinity.placement().affinity)}, cgroup quota "
-            f"{'none' if quota is None else f'{quota:g}'}, local ranks {os.environ.get('LOCAL_WORLD_SIZE', '1')}"
-        )
-    report = {"threads": str(threads), "threads_from": source}
-    busy = affinity.busy_note(threads=threads)
-    if busy is not None:
-        report["machine_busy"] = busy
-    return report
+def convert_with_progress(name: str, what: str) -> None:
+    """A `.gguf` not converted yet: one line before the conversion (it can take minutes) and one after."""
+    from assisted_backends.loading import files, models
+
+    gguf = files.find_gguf(name, what)
+    if gguf is None:
+        return
+    output = files.converted_dir(gguf)
+    if (output / "config.json").is_file():
+        return
+    size_mb = gguf.stat().st_size / 1e6
+    print(f"converting {gguf.name} ({size_mb:.0f} MB) to a model directory, once (cached in {output}; a "
+          "250 MB file took 40-110 s on 2 cores)...", file=sys.stderr, flush=True)  # fmt: skip
+    began = time.perf_counter()
+    models.resolve(name, what)
+    print(f"converted {gguf.name} in {time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
 
 
 def _size(shape) -> str:
@@ -197,11 +222,12 @@ def _size(shape) -> str:
 def open_session(args: argparse.Namespace) -> Session:
     """Resolve the backend, load (and prepare once) the models and tokenizers."""
     notices: list[str] = []
-    threads = _choose_threads(args)  # before any model runs, so every op uses the pool it will keep
+    threads = initial_choice(args)  # before any model runs, so every op uses the pool it will keep
     target_name, draft_name, held_out = _pick_models(args, notices)
     options = BackendOptions(dtype=args.dtype, draft_precision=args.draft_precision, bucket_size=args.bucket_size)
     backend = resolve_backend(args.device, options)
     load_dtype = DTYPES.get(args.dtype)
+    convert_with_progress(target_name, "-m/--model")
     target = load_model(target_name, "-m/--model", load_dtype)
     launch = distributed.launch_context()
     if launch is not None:  # deepspeed / torchrun: shard the target (AutoTP); every rank keeps a full draft
@@ -211,7 +237,12 @@ def open_session(args: argparse.Namespace) -> Session:
     tokenizer = load_tokenizer(target_name, "-m/--model")
     draft = draft_tokenizer = None
     if draft_name is not None:
+        convert_with_progress(draft_name, "--assistant-model")
         draft = backend.prepare(load_model(draft_name, "--assistant-model", None), "draft")
         draft_tokenizer = load_tokenizer(draft_name, "--assistant-model")
     text = open(held_out, encoding="utf-8").read() if held_out else None
-    return Session(args, backend, target, tokenizer, draft, draft_tokenizer, notices, text, threads)
+    cores = affinity.usable_cores()
+    if probe_applies(threads, backend.device.type, launch is not None, cores):
+        threads = probe(threads, target, backend.device, cores)
+    wait_policy = getattr(args, "wait_policy", "")
+    return Session(args, backend, target, tokenizer, draft, draft_tokenizer, notices, text, threads, wait_policy)

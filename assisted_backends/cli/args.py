@@ -109,9 +109,9 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(USAGE_ERROR)
 
 
-def suggest(word: str, choices: list[str]) -> str:
+def suggest(word: str, choices: list[str], cutoff: float = 0.6) -> str:
     """'; did you mean --x?' for the closest of `choices`, or '' when none is close."""
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=cutoff)
     return f"; did you mean {close[0]}?" if close else ""
 
 
@@ -137,7 +137,7 @@ def one_line(message: str, flags: list[str]) -> str:
     choice = re.match(r"invalid choice: '([^']*)' \(choose from (.*)\)", problem)
     if choice is not None:
         options = [option.strip(" '") for option in choice.group(2).split(",")]
-        return f"{flag}: {choice.group(1)!r} is not one of {', '.join(options)}{suggest(choice.group(1), options)}"
+        return f"{flag}: {choice.group(1)!r} is not one of {', '.join(options)}{suggest(choice.group(1), options, 0.7)}"
     return f"{flag}: {problem}"
 
 

@@ -97,8 +97,7 @@ def check_target(args: argparse.Namespace, target: ModelFiles) -> None:
     """--chat against the chat template, --assistant-early-exit against the layers, lengths against the positions."""
     if (args.chat or args.system is not None) and target.chat_template is False:
         raise CLIError(
-            f"--chat/--system: {target.name} has no chat template in its tokenizer files (not an instruct model); "
-            "drop them"
+            "--chat/--system: this model's tokenizer has no chat template (not an instruct model); drop them"
         )
     layers, depth = target.layers, args.assistant_early_exit
     if depth is not None and layers is not None and not 1 <= depth < layers:

@@ -370,8 +370,8 @@ def write_csv(path: str, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def write_plot(path: str, rows: list[dict]) -> None:
-    """Speedup per case as a bar with its interval as an error bar; unsettled rows hatched and labelled."""
+def speedup_figure(rows: list[dict]):
+    """Speedup per case as a bar with its interval as an error bar; unsettled rows grey, hatched and labelled."""
     try:
         import matplotlib
 
@@ -398,5 +398,13 @@ def write_plot(path: str, rows: list[dict]) -> None:
     explained = f"bar: median of the pairs; error bar: its {INTERVAL_COVERAGE:.0%} interval; grey, hatched: unsettled"
     axis.set_title(f"Assisted vs plain decoding\n{explained}", fontsize=10)
     figure.tight_layout()
+    return figure
+
+
+def write_plot(path: str, rows: list[dict]) -> None:
+    """`speedup_figure` saved as a PNG."""
+    figure = speedup_figure(rows)  # first: it says how to install matplotlib when it is missing
+    import matplotlib.pyplot as plt
+
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -61,20 +61,18 @@ def _print_runtime(session, log) -> dict:
 
 def _quiet_libraries(args: argparse.Namespace) -> None:
     """Before torch and transformers load: OpenMP's wait policy (`cli.threads`), and transformers' progress bars
-    and info logs off unless -v. Where they were loaded already (an in-process call) their own switches are used."""
+    and info logs off unless -v. A call from a process that loaded torch already (tests, a notebook) changes
+    nothing: OpenMP has read its settings, and that process's logging is its own."""
     from assisted_backends.cli.threads import set_wait_policy
 
-    loaded = "torch" in sys.modules
-    args.wait_policy = "unchanged (torch was loaded before the CLI started)" if loaded else set_wait_policy()
-    if args.verbose:
+    if "torch" in sys.modules:
+        args.wait_policy = "unchanged (torch was loaded before the command started)"
         return
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    if "transformers" in sys.modules:
-        from transformers.utils import logging
-
-        logging.set_verbosity_error()
-        logging.disable_progress_bar()
+    args.wait_policy = set_wait_policy()
+    if not args.verbose:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TQDM_DISABLE", "1")  # bars that pass no `disable=` (GGUF conversion); ours pass it
 
 
 def _generate_task(session, log) -> None:

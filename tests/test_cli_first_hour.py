@@ -139,6 +139,7 @@ def _pre_torch_cases(pair: Path) -> dict[str, tuple[list[str], dict[str, str], s
         ),  # fmt: skip
         "gguf early exit": (["-m", str(pair / "target.gguf"), "--assistant-early-exit", "4"], {}, "between 1 and 3"),
         "uncached Hub id, no network": (["-m", "someone/some-model"], offline_hub, "the Hub cannot be reached"),
+        "default draft not here": (["-m", str(pair / "target")], offline_hub, "default draft PY007/TinyLlama"),
     }
 
 
@@ -158,6 +159,7 @@ def _pre_torch_cases(pair: Path) -> dict[str, tuple[list[str], dict[str, str], s
         "prompt + new tokens",
         "gguf early exit",
         "uncached Hub id, no network",
+        "default draft not here",
     ],
 )
 def test_checks_that_need_no_model_answer_in_under_a_second_without_torch(pair, name):

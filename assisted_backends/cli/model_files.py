@@ -32,6 +32,7 @@ class ModelFiles:
     name: str
     flag: str
     config: dict = field(default_factory=dict)
+    generation_config: dict = field(default_factory=dict)
     tokenizer_json: Path | None = None
     chat_template: bool | None = None
 
@@ -92,7 +93,8 @@ def from_directory(directory: Path, name: str, flag: str, complete: bool = True)
         (directory / template_file).is_file() for template_file in CHAT_TEMPLATE_FILES
     )
     tokenizer_json = directory / "tokenizer.json" if (directory / "tokenizer.json").is_file() else None
-    return ModelFiles(name, flag, _read_json(directory / "config.json"), tokenizer_json, template)
+    config, generation = _read_json(directory / "config.json"), _read_json(directory / "generation_config.json")
+    return ModelFiles(name, flag, config, generation, tokenizer_json, template)
 
 
 def from_gguf(path: Path, name: str, flag: str) -> ModelFiles:
@@ -107,7 +109,7 @@ def from_gguf(path: Path, name: str, flag: str) -> ModelFiles:
     values = {key: item.contents() for key, item in reader.fields.items() if not key.startswith("tokenizer.ggml.")}
     arch = values.get("general.architecture", "")
     config = {hf: values[f"{arch}.{key}"] for key, hf in GGUF_KEYS.items() if f"{arch}.{key}" in values}
-    return ModelFiles(name, flag, config, None, bool(values.get("tokenizer.chat_template")))
+    return ModelFiles(name, flag, config, {}, None, bool(values.get("tokenizer.chat_template")))
 
 
 def hub_snapshot(repo: str, flag: str) -> Path | None:

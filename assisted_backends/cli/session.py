@@ -15,14 +15,13 @@ import assisted_backends
 from assisted_backends.backends import Backend, BackendOptions, resolve_backend
 from assisted_backends.backends.base import DTYPES
 from assisted_backends.backends.cpu import affinity
-from assisted_backends.cli.errors import CLIError
 from assisted_backends.cli.loading import default_assistant
+from assisted_backends.cli.preflight import SAVED_DRAFTING, require_local_default
 from assisted_backends.cli.threads import ThreadChoice, initial_choice, probe, probe_applies
 from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
 from assisted_backends.distributed import launch as distributed
 from assisted_backends.loading.models import load_model, load_tokenizer, saved_generation_config
 
-SAVED_DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit")  # a checkpoint may ask for these itself
 SMOKE_NOTICE = (
     "note: using a SMOKE demo pair ({target} target, {draft} draft, a few training steps on a small text sample): "
     "it writes noise; it exists for tests and CI"
@@ -178,23 +177,9 @@ def _pick_models(args: argparse.Namespace, notices: list[str]) -> tuple[str, str
     if args.assistant_model is not None:
         return args.model, args.assistant_model, None
     draft = default_assistant(args.model)
-    _require_local_default(draft)
+    require_local_default(draft)
     notices.append(f"note: no --assistant-model given; using the default draft for this family: {draft}")
     return args.model, draft, None
-
-
-def _require_local_default(draft: str) -> None:
-    """The default draft is used only when it is already on this machine: never an implicit download."""
-    from huggingface_hub import try_to_load_from_cache
-
-    if Path(draft).is_dir() or isinstance(try_to_load_from_cache(draft, "config.json"), str):
-        return
-    raise CLIError(
-        f"no --assistant-model given, and this target's default draft {draft} is not on this machine (it is never "
-        f"downloaded implicitly). Offline options: --prompt-lookup 10 (no draft model), --assistant-early-exit 2 "
-        f"(the target's first layers), --assistant-model DIR (a local draft), --no-assisted. Online: `hf download "
-        f"{draft}` once, or pass --assistant-model {draft}"
-    )
 
 
 def convert_with_progress(name: str, what: str) -> None:

@@ -250,38 +250,48 @@ def test_probe_picks_the_faster_count_and_prefers_fewer_threads(ms_at, chosen):
 
 
 PROBE_UNDER_A_BUSY_SIBLING = """
-import json, time, torch
-from assisted_backends.backends.cpu import affinity
-weights = [torch.randn(256, 256) for _ in range(24)]
-x = torch.randn(4, 256)
-def step():  # many small parallel regions, as in a decode step
-    y = x
-    for w in weights:
-        y = torch.tanh(y @ w)
-probe = affinity.probe_threads(step, [1, 2], rounds=4, steps=5)
-print(json.dumps({"chosen": probe.chosen, "ms": probe.step_ms, "others": probe.use[1].others_cpus}))
+import json, statistics, time, torch
+from transformers import AutoModelForCausalLM
+from assisted_backends.cli import threads
+from assisted_backends.demo.pair import shipped_pair
+
+model = AutoModelForCausalLM.from_pretrained(shipped_pair().target_dir).float().eval()
+choice = threads.probe(threads.ThreadChoice(2, "usable cores", ""), model, torch.device("cpu"), 2)
+measured = {1: [], 2: []}
+for round_index in range(4):  # afterwards, independently of the probe: which count is really faster here?
+    for n in (1, 2) if round_index % 2 == 0 else (2, 1):
+        torch.set_num_threads(n)
+        step = threads.decode_step(model, torch.device("cpu"))
+        step()
+        for _ in range(6):
+            began = time.perf_counter()
+            step()
+            measured[n].append(time.perf_counter() - began)
+print(json.dumps({"chosen": choice.threads, "reason": choice.reason,
+                  "ms": {n: 1000 * statistics.median(v) for n, v in measured.items()}}))
 """
 
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 usable CPUs")
 def test_probe_under_a_busy_sibling_keeps_the_run_near_its_best_thread_count():
-    """A process spins on one of the two cores (the issue's case); OpenMP's default wait policy (spinning, as in
-    any program that does not set one), so two threads stall at barriers. The probe's pick must be within 1.3x
-    of the best count it measured, and it must see the neighbour."""
+    """The issue's case in miniature: a process spins on one of two cores, OpenMP threads spin while they wait
+    (the default of any program that sets no policy), so two threads stall each other. The count the probe picks
+    must decode the demo target within 1.3x of the faster count as measured independently afterwards, and the
+    probe must have seen the neighbour."""
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
-        env = _env(OMP_NUM_THREADS="")
         run = subprocess.run([sys.executable, "-c", PROBE_UNDER_A_BUSY_SIBLING], capture_output=True, text=True,
-                             env=env, timeout=120)  # fmt: skip
+                             env=_env(OMP_NUM_THREADS=""), timeout=300)  # fmt: skip
     finally:
         spinner.kill()
         spinner.wait()
-    assert run.returncode == 0, run.stderr
+    assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout)
     times = {int(n): ms for n, ms in result["ms"].items()}
     assert times[result["chosen"]] <= 1.3 * min(times.values()), result
-    assert result["others"] >= 0.5, f"the spinning neighbour was not seen: {result}"
+    others = float(result["reason"].split("other processes used ")[1].split(" CPUs")[0])
+    assert others >= 0.5, f"the spinning neighbour was not seen: {result}"
 
 
 def test_cli_probes_the_threads_when_nobody_fixed_them(pair, tmp_path):

@@ -89,8 +89,13 @@ def decode_step(model, device) -> Callable[[], None]:
 
 
 def probe(choice: ThreadChoice, model, device, cores: int) -> ThreadChoice:
-    """Measure 1 against `cores` threads on `model` and return the faster as a `probe` choice (torch set)."""
+    """Measure 1 against `cores` threads on `model` and return the faster as a `probe` choice (torch set).
+    A model the probe cannot step (an unusual forward signature) keeps `choice`, and the reason says why."""
     from assisted_backends.backends.cpu import affinity
 
-    result = affinity.probe_threads(decode_step(model, device), sorted({1, cores}))
+    try:
+        result = affinity.probe_threads(decode_step(model, device), sorted({1, cores}))
+    except Exception as error:  # noqa: BLE001 - a measurement must not end the run; the report names the error
+        affinity.set_threads(choice.threads)
+        return ThreadChoice(choice.threads, choice.source, f"{choice.reason}; the probe failed: {error!r:.120}")
     return ThreadChoice(result.chosen, "probe", result.reason())

@@ -358,7 +358,7 @@ def test_benchmark_rechecks_the_threads_between_cases(pair, tmp_path, monkeypatc
     from assisted_backends.cli.main import main
     from assisted_backends.cli.threads import ThreadChoice
 
-    picks = iter([2, 1, 1, 1])
+    picks = iter([2, 1, 1, 2, 1, 1])  # open: 2; case 2: 1 confirmed by 1; case 3: 2 then 1 (no change)
 
     def fake_probe(choice, model, device, cores):
         threads = next(picks)
@@ -372,13 +372,14 @@ def test_benchmark_rechecks_the_threads_between_cases(pair, tmp_path, monkeypatc
     out = tmp_path / "bench.json"
     try:
         code = main(["-m", str(pair / "target"), "--prompt-lookup", "4", "--task", "benchmark", "--prompt-lengths",
-                     "12", "--new-tokens", "4", "6", "--repeats", "1", "--json", str(out)])  # fmt: skip
+                     "12", "--new-tokens", "4", "6", "5", "--repeats", "1", "--json", str(out)])  # fmt: skip
     finally:
         torch.set_num_threads(threads)
     err = capsys.readouterr().err
     assert code == 0, err
     rows = json.loads(out.read_text())["rows"]
-    assert [row["threads"] for row in rows] == [2, 1] and "threads: now 1 (fake probe: 1)" in err
+    assert [row["threads"] for row in rows] == [2, 1, 1] and err.count("threads: now") == 1, err
+    assert "threads: now 1 (fake probe: 1)" in err
 
 
 # 2. Progress ---------------------------------------------------------------------------------------------------

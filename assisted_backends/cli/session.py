@@ -71,12 +71,18 @@ class Session:
         return f"{device}: target {report.get('dtype', '?')}{draft}{threads}; -v for the full report"
 
     def recheck_threads(self) -> ThreadChoice | None:
-        """Probe again (between benchmark cases) when the count came from a probe; the new choice if it changed."""
+        """Probe again (between benchmark cases) when the count came from a probe; a change must be confirmed
+        by a second probe (one neighbour's burst should not flip it). The new choice if it changed."""
         if self.threads is None or self.threads.source != "probe":
             return None
-        previous = self.threads.threads
-        self.threads = probe(self.threads, self.target, self.backend.device, affinity.usable_cores())
-        return self.threads if self.threads.threads != previous else None
+        current, cores = self.threads, affinity.usable_cores()
+        for _ in range(2):
+            found = probe(current, self.target, self.backend.device, cores)
+            if found.threads == current.threads:
+                self.threads = found
+                return None
+        self.threads = found
+        return found
 
     def demo_prompt(self) -> str:
         """The generate task's prompt for the demo pair when none is given."""

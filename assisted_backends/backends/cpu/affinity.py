@@ -254,12 +254,15 @@ class ThreadProbe:
 
 
 def probe_threads(
-    step: Callable[[], object], counts: Sequence[int], rounds: int = 3, steps: int = 3, budget_s: float = 3.0
+    step: Callable[[], object], counts: Sequence[int], rounds: int = 6, steps: int = 2, budget_s: float = 3.0
 ) -> ThreadProbe:
     """Time `step` at each thread count in `counts` (alternating order, one untimed call after each switch,
-    `steps` timed calls per count and round, fewer rounds when `budget_s` runs out), set torch's threads to
-    the fastest count and return the measurements. A larger count must beat a smaller one by 10%."""
-    times: dict[int, list[float]] = {n: [] for n in counts}
+    `steps` timed calls per count and round: short windows, so that a neighbour's burst hits every count
+    alike; fewer rounds when `budget_s` runs out), set torch's threads to the fastest count and return the
+    measurements. A count's time is the median over rounds of its window's mean step time (stalls at
+    barriers are the cost being measured; one window hit by a burst is not). A larger count must beat a
+    smaller one by 10%."""
+    windows: dict[int, list[float]] = {n: [] for n in counts}  # mean seconds per step of each timed window
     uses: dict[int, list[CpuUse]] = {n: [] for n in counts}
     started = time.perf_counter()
     for round_index in range(rounds):
@@ -268,13 +271,12 @@ def probe_threads(
             step()
             with CpuMeter() as meter:
                 for _ in range(steps):
-                    began = time.perf_counter()
                     step()
-                    times[n].append(time.perf_counter() - began)
+            windows[n].append(meter.use.wall_s / steps)  # stalls inside a window count: they are the cost
             uses[n].append(meter.use)
         if time.perf_counter() - started > budget_s:
             break
-    step_ms = {n: 1000 * statistics.median(values) for n, values in times.items()}
+    step_ms = {n: 1000 * statistics.median(values) for n, values in windows.items()}  # one bad window does not
     chosen = min(counts)
     for n in sorted(counts):
         if step_ms[n] < FASTER_MARGIN * step_ms[chosen]:

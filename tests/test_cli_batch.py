@@ -69,7 +69,7 @@ def test_benchmark_batches_report_batch_aggregate_rate_and_transformers(saved_pa
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (["--batch-size", "0"], "argument --batch-size/--batch_size: expected a positive integer, got 0"),
+        (["--batch-size", "0"], "error: --batch-size: expected a positive integer, got 0"),
         (["--batch-size", "2", "--stream"], "--stream prints one sequence as it grows; drop it with --batch-size > 1"),
     ],
 )

@@ -102,7 +102,7 @@ def test_default_threads_share_the_cores_among_local_ranks(pair, tmp_path):
     run = _cli(*argv, OMP_NUM_THREADS="", LOCAL_WORLD_SIZE="2")
     assert run.returncode == 0, run.stderr
     runtime = json.loads(out.read_text())["runtime"]
-    assert runtime["torch_threads"] == str(len(CPUS) // 2) and "local ranks 2" in runtime["threads_from"]
+    assert runtime["torch_threads"] == str(len(CPUS) // 2) and "local ranks 2" in runtime["threads_reason"]
 
 
 def test_usable_cores_follow_the_cgroup_quota_and_ranks(tmp_path):
@@ -224,7 +224,7 @@ def test_missing_prompt_file_and_plot_fail_before_work(tmp_path):
 
 def test_ctrl_c_stops_cleanly_and_keeps_finished_rows(pair, tmp_path):
     out = tmp_path / "rows.json"
-    many = [str(n) for n in range(4, 404)]
+    many = [str(n) for n in range(4, 204)]  # 8 + 203 tokens fit the tiny target's 256 positions
     argv = [*_pair_args(pair), "--task", "benchmark", "--prompt-lengths", "8", "--new-tokens", *many]
     process = subprocess.Popen(
         [_script(), *argv, "--repeats", "1", "--json", str(out)],
@@ -236,7 +236,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_rows(pair, tmp_path):
     seen = []
     for line in process.stderr:
         seen.append(line)
-        if line.startswith("case 2/"):
+        if line.startswith("case 2/") and " done:" in line:
             break
     process.send_signal(signal.SIGINT)
     stdout, rest = process.communicate(timeout=120)
@@ -244,7 +244,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_rows(pair, tmp_path):
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "interrupted (Ctrl-C)"
     rows = json.loads(out.read_text())["rows"]
-    assert 2 <= len(rows) < 400 and "New Tokens Generated" in stdout
+    assert 2 <= len(rows) < 200 and "New Tokens Generated" in stdout
 
 
 # 7. Offline-first default draft ---------------------------------------------------------------------------

@@ -153,6 +153,7 @@ def test_cli_under_a_pinning_launcher_reports_the_affinity(saved_pair, tmp_path,
         "def add(a, b):",
         "--json",
         str(out),
+        "-v",  # the full report on stderr (default: one summary line)
     ]
     run = subprocess.run(command, capture_output=True, text=True, env=_env(OMP_NUM_THREADS="2", HF_HUB_OFFLINE="1"))
     assert run.returncode == 0, run.stderr

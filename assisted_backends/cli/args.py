@@ -7,10 +7,18 @@ Nothing here imports torch: `--help` and every flag error answer before the heav
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import difflib
+import re
+import sys
+from typing import Any, NoReturn
 
 from assisted_backends.options import ranges
 from assisted_backends.options.errors import NO_VALUE, OptionError, api_spelling
+
+# api/plan.py's DEFAULT_NUM_ASSISTANT_TOKENS and MAX_ADAPTIVE_GAMMA (that module imports torch; a test keeps
+# these equal to it)
+DEFAULT_GAMMA = 4
+MAX_ADAPTIVE_GAMMA = 8
 
 # The flag of each `generate` option (errors name options; the CLI says them as the flags the user typed).
 FLAGS = {
@@ -80,9 +88,62 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+PROG = "run-assisted-generation"
+USAGE_ERROR = 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line errors (`error: --flag: what is wrong`), the closest flag suggested for a
+    typo, and no prefix matching (`--max-new-token` is a typo, not `--max-new-tokens`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def flags(self) -> list[str]:
+        """Every spelling of every flag this parser knows."""
+        return [flag for action in self._actions for flag in action.option_strings if flag.startswith("--")]
+
+    def error(self, message: str) -> NoReturn:
+        """Print argparse's complaint as one line and exit with status 2."""
+        print(f"error: {one_line(message, self.flags())}", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+
+
+def suggest(word: str, choices: list[str], cutoff: float = 0.6) -> str:
+    """'; did you mean --x?' for the closest of `choices`, or '' when none is close."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _unrecognized(tokens: list[str], flags: list[str]) -> str:
+    """`unrecognized arguments: --prompt-lookpu 10` -> the unknown flags, each with its closest flag."""
+    unknown = [token.split("=", 1)[0] for token in tokens if token.startswith("-")]
+    if not unknown:
+        return f"unexpected argument {tokens[0]!r} (every input is given with a flag, e.g. --prompt TEXT)"
+    parts = [f"unknown flag {flag}{suggest(flag, flags)}" for flag in unknown]
+    hint = "" if "did you mean" in parts[-1] else f" ({PROG} --help lists the flags)"
+    return "; ".join(parts) + hint
+
+
+def one_line(message: str, flags: list[str]) -> str:
+    """argparse's message, shortened to what the user needs: the flag as typed first, then what is wrong."""
+    message = " ".join(message.split())
+    if message.startswith("unrecognized arguments: "):
+        return _unrecognized(message.split(": ", 1)[1].split(), flags)
+    matched = re.match(r"argument (\S+?)(?:/\S+)?: (.*)", message)
+    if matched is None:
+        return message
+    flag, problem = matched.groups()
+    choice = re.match(r"invalid choice: '([^']*)' \(choose from (.*)\)", problem)
+    if choice is not None:
+        options = [option.strip(" '") for option in choice.group(2).split(",")]
+        return f"{flag}: {choice.group(1)!r} is not one of {', '.join(options)}{suggest(choice.group(1), options, 0.7)}"
+    return f"{flag}: {problem}"
+
+
 def build_parser(devices: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="run-assisted-generation",
+    parser = OneLineParser(
+        prog=PROG,
         description="Assisted generation (speculative decoding) with a draft model; "
         "with no model arguments it runs the embedded demo pair.",
     )
@@ -174,7 +235,9 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         dest="num_assistant_tokens",
         type=_integer,
         default=None,
-        help="draft length γ (default 4)",
+        help=f"draft length γ. Given: γ stays fixed (the constant schedule; with --schedule adaptive, the cap). "
+        f"Not given: the adaptive schedule picks γ from 0 to {MAX_ADAPTIVE_GAMMA} before every round; a constant "
+        f"schedule (--schedule constant, --static-shapes, --do_sample --seed) uses {DEFAULT_GAMMA}",
     )
     decoding.add_argument(
         "--schedule",
@@ -250,7 +313,15 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         "--json", default=None, metavar="PATH", help="write the run as JSON ({rank} in PATH: one file per rank)"
     )
     task.add_argument("--csv", default=None, metavar="PATH")
-    task.add_argument("--plot", default=None, metavar="PNG")
+    task.add_argument(
+        "--plot", default=None, metavar="PNG", help="benchmark --compare: the speedup per case with its interval"
+    )
+    task.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="the full backend report (precision, threads, placement) and transformers' loading messages",
+    )
     return parser
 
 

@@ -9,7 +9,12 @@ adding pairs until that interval settles or `--time-limit` passes. EOS is ignore
 exactly the tokens it names. With `--batch-size N` each case runs N different prompts of its length at
 once: New Tokens is per row, Tokens/Sec is the aggregate (all rows' tokens / Total Time), Row Latency the
 mean time until a row's last token; `--compare` then also times transformers' own batched
-`model.generate` (plain) in the same interleaved order."""
+`model.generate` (plain) in the same interleaved order.
+
+Each run records the CPU it ran under (`affinity.CpuMeter`: this process's CPU per wall second, the CPUs
+other processes used); a row whose runs saw different loads is not called settled. Between cases the
+thread count is probed again when a probe chose it (`Session.recheck_threads`). Every case prints a line
+with an estimate before it starts and one with its result."""
 
 from __future__ import annotations
 
@@ -22,14 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
+from assisted_backends.backends.cpu.affinity import CpuMeter, CpuUse
+from assisted_backends.cli.cases import benchmark_cases
 from assisted_backends.cli.preflight import INSTALL_PLOT
 from assisted_backends.cli.session import Session
 from assisted_backends.cli.spread import INTERVAL_COVERAGE, median_interval, run_pairs
 
-DEFAULT_PROMPT_LENGTHS = (256, 512)
-DEFAULT_NEW_TOKENS = (64, 128, 256, 512, 1024)
-QUICK_PROMPT_LENGTHS = (128,)
-QUICK_NEW_TOKENS = (64, 128)
+LOAD_CHANGE_CPUS = 0.5  # runs whose neighbours' CPU use differs by more (beyond /proc/stat's resolution) differ
 
 COLUMNS = [
     ("Example#", "example", "{}"),
@@ -41,6 +45,8 @@ COLUMNS = [
     ("Time/Token (ms)", "time_per_token_ms", "{:.2f}"),
     ("Tokens/Sec", "tokens_per_s", "{:.1f}"),
     ("Row Latency (s)", "row_latency_s", "{:.3f}"),
+    ("Threads", "threads", "{}"),
+    ("Others' CPUs", "others_cpus_text", "{}"),
 ]
 ASSISTED_COLUMNS = [
     ("Acceptance Rate", "acceptance_rate", "{:.2f}"),
@@ -73,6 +79,7 @@ class Measurement:
     plain_round_share: float | None = None
     rows: int = 1
     row_latency_s: float | None = None
+    cpu: CpuUse | None = None
 
 
 def prompt_source(session: Session) -> list[int]:
@@ -105,6 +112,14 @@ def make_prompt(source: list[int], length: int, rows: int = 1) -> torch.Tensor:
 
 
 def _measure(session: Session, prompt: torch.Tensor, new_tokens: int, mode: str) -> tuple[Measurement, object]:
+    """One run of `mode` on `prompt`, with the CPU use it ran under."""
+    with CpuMeter() as meter:
+        measurement, result = _measure_run(session, prompt, new_tokens, mode)
+    measurement.cpu = meter.use
+    return measurement, result
+
+
+def _measure_run(session: Session, prompt: torch.Tensor, new_tokens: int, mode: str) -> tuple[Measurement, object]:
     if mode == "transformers":
         return _measure_transformers(session, prompt, new_tokens)
     result = session.generate(
@@ -170,25 +185,107 @@ def _median_row(runs: list[Measurement]) -> dict:
     }
 
 
+def load_state(runs: list[Measurement]) -> tuple[float, float, bool] | None:
+    """(least, most CPUs other processes used during a run, whether every run saw the same load), or None when
+    /proc/stat could not be read. "Same": within LOAD_CHANGE_CPUS plus the resolution of a run's reading."""
+    uses = [m.cpu for m in runs if m.cpu is not None and m.cpu.others_cpus is not None]
+    if not uses:
+        return None
+    others = [use.others_cpus for use in uses]
+    resolution = max(0.02 / max(use.wall_s, 1e-3) for use in uses)  # /proc/stat counts 10 ms ticks
+    return min(others), max(others), max(others) - min(others) <= LOAD_CHANGE_CPUS + resolution
+
+
+def _settled_text(settled: bool, state: tuple[float, float, bool] | None, time_limit: float) -> str:
+    if state is not None and not state[2]:
+        return f"NO: the load changed between runs (others used {state[0]:.1f}-{state[1]:.1f} CPUs)"
+    return "yes" if settled else f"NO: spread > effect after {time_limit:g} s"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def _estimate(rates: dict[str, float], modes: list[str], new_tokens: int, args) -> str:
+    """'about X s' for a case: runs x seconds per token and mode measured so far (more pairs: up to --time-limit)."""
+    pair = sum(rates.get(mode, 0.0) for mode in modes) * new_tokens
+    least = pair * args.repeats
+    if args.compare and args.time_limit > least:
+        more = f"more pairs, up to {args.time_limit:g} s, while its interval is wide"
+        return f"about {_seconds(least)} ({args.repeats} pairs of {_seconds(pair)}; {more})"
+    return f"about {_seconds(least)}"
+
+
+def _warm_up(session: Session, modes: list[str], prompt: torch.Tensor, rates: dict[str, float]) -> None:
+    """First-call costs (allocations, kernel selection) stay out of the table; the first per-token rates."""
+    for mode in modes:
+        measurement, _ = _measure(session, prompt, 8, mode)
+        rates.setdefault(mode, measurement.total_s / 8)
+
+
+def _recheck_threads(session: Session, modes: list[str], warm: torch.Tensor, rates: dict[str, float]) -> None:
+    """Probe the thread count again; on a change say so and warm the new thread count up."""
+    changed = session.recheck_threads()
+    if changed is not None:
+        print(f"threads: now {changed.threads} ({changed.reason})", file=sys.stderr, flush=True)
+        _warm_up(session, modes, warm, rates)
+
+
+def _row(args, example: int, prompt_length: int, runs: dict[str, list[Measurement]], modes: list[str]) -> dict:
+    """The table row of a case from its runs (every mode's), speedups added by `_compare_columns`."""
+    main_mode = modes[-1]
+    row = {"example": example, "prompt_tokens": prompt_length, **_median_row(runs[main_mode])}
+    if main_mode == "plain":
+        row["acceptance_rate"] = row["mean_accepted_length"] = row["tokens_per_speculative_round"] = None
+    state = load_state([m for mode in modes for m in runs[mode]])
+    row["others_cpus"] = None if state is None else [state[0], state[1]]
+    row["others_cpus_text"] = "-" if state is None else f"{state[0]:.1f}-{state[1]:.1f}"
+    row["load_steady"] = None if state is None else state[2]
+    own = [m.cpu.own_cpus for m in runs[main_mode] if m.cpu is not None]
+    row["cpu_per_wall"] = statistics.median(own) if own else None
+    return row
+
+
+def _compare_columns(row: dict, runs: dict[str, list[Measurement]], speedups: list[float], settled: bool, args) -> None:
+    plain = _median_row(runs["plain"])
+    row["plain_total_s"] = plain["total_s"]
+    row["plain_time_per_token_ms"] = plain["time_per_token_ms"]
+    row["plain_tokens_per_s"] = plain["tokens_per_s"]
+    row["transformers_tokens_per_s"] = _median_row(runs["transformers"])["tokens_per_s"]
+    row["speedup_vs_transformers"] = row["tokens_per_s"] / row["transformers_tokens_per_s"]
+    low, high = median_interval(speedups)
+    steady = row["load_steady"] is not False
+    row["speedup"] = statistics.median(speedups)
+    row["speedup_interval"] = [low, high]
+    row["pair_speedups"] = speedups
+    row["pairs"] = len(speedups)
+    row["settled"] = settled and steady
+    row["speedup_interval_text"] = f"{low:.2f}-{high:.2f}"
+    state = None if row["others_cpus"] is None else (*row["others_cpus"], steady)
+    row["settled_text"] = _settled_text(settled, state, args.time_limit)
+
+
 def run_benchmark(session: Session, rows: list[dict]) -> str:
     """Measure every case, appending each finished row to `rows` (kept on Ctrl-C); return a sample of text."""
     args = session.args
-    prompt_lengths = args.prompt_lengths or (QUICK_PROMPT_LENGTHS if args.quick else DEFAULT_PROMPT_LENGTHS)
-    new_token_counts = args.new_tokens or (QUICK_NEW_TOKENS if args.quick else DEFAULT_NEW_TOKENS)
     modes = ["plain", "assisted"] if args.compare else (["plain"] if args.no_assisted else ["assisted"])
     if args.compare:
         modes.insert(1, "transformers")
     source = prompt_source(session)
-    cases = [(p, n) for p in prompt_lengths for n in new_token_counts]
-
-    warm = make_prompt(source, min(prompt_lengths), args.batch_size)
-    for mode in modes:  # first-call costs (allocations, kernel selection) stay out of the table
-        _measure(session, warm, 8, mode)
+    cases = benchmark_cases(args)
+    warm = make_prompt(source, min(p for p, _ in cases), args.batch_size)
+    rates: dict[str, float] = {}  # seconds per new token (prefill included) per mode, from the latest case
+    _warm_up(session, modes, warm, rates)
 
     sample = ""
     for example, (prompt_length, new_tokens) in enumerate(cases):
+        if example:
+            _recheck_threads(session, modes, warm, rates)
         prompt = make_prompt(source, prompt_length, args.batch_size)
         runs: dict[str, list[Measurement]] = {mode: [] for mode in modes}
+        label = f"case {example + 1}/{len(cases)}"
+        print(f"{label}: {prompt_length} + {new_tokens} tokens, {_estimate(rates, modes, new_tokens, args)}",
+              file=sys.stderr, flush=True)  # fmt: skip
 
         def measure_pair(repeat: int, prompt=prompt, new_tokens=new_tokens, runs=runs) -> float:
             nonlocal sample
@@ -204,32 +301,20 @@ def run_benchmark(session: Session, rows: list[dict]) -> str:
             speedups, settled = run_pairs(measure_pair, args.repeats, args.time_limit)
         else:
             speedups, settled = [measure_pair(repeat) for repeat in range(args.repeats)], True
-        main_mode = modes[-1]
-        row = {"example": example, "prompt_tokens": prompt_length, **_median_row(runs[main_mode])}
-        if main_mode == "plain":
-            row["acceptance_rate"] = row["mean_accepted_length"] = row["tokens_per_speculative_round"] = None
+        row = _row(args, example, prompt_length, runs, modes)
+        row["threads"] = session.threads.threads if session.threads is not None else None
         if args.compare:
-            plain = _median_row(runs["plain"])
-            row["plain_total_s"] = plain["total_s"]
-            row["plain_time_per_token_ms"] = plain["time_per_token_ms"]
-            row["plain_tokens_per_s"] = plain["tokens_per_s"]
-            row["transformers_tokens_per_s"] = _median_row(runs["transformers"])["tokens_per_s"]
-            row["speedup_vs_transformers"] = row["tokens_per_s"] / row["transformers_tokens_per_s"]
-            low, high = median_interval(speedups)
-            row["speedup"] = statistics.median(speedups)
-            row["speedup_interval"] = [low, high]
-            row["pair_speedups"] = speedups
-            row["pairs"] = len(speedups)
-            row["settled"] = settled
-            row["speedup_interval_text"] = f"{low:.2f}-{high:.2f}"
-            row["settled_text"] = "yes" if settled else f"NO: spread > effect after {args.time_limit:g} s"
+            _compare_columns(row, runs, speedups, settled, args)
         rows.append(row)
+        for mode in modes:
+            rates[mode] = statistics.median(m.total_s for m in runs[mode]) / new_tokens
         result = (
-            f", speedup {row['speedup']:.2f}x ({row['speedup_interval_text']}, {len(speedups)} pairs)"
+            f", speedup {row['speedup']:.2f}x ({row['speedup_interval_text']}, {len(speedups)} pairs, "
+            f"settled: {row['settled_text']})"
             if args.compare
             else ""
         )
-        print(f"case {example + 1}/{len(cases)} done: {prompt_length} + {new_tokens} tokens{result}", file=sys.stderr)
+        print(f"{label} done: {prompt_length} + {new_tokens} tokens{result}", file=sys.stderr, flush=True)
     return sample
 
 
@@ -246,13 +331,14 @@ def legend(assisted: bool, compare: bool) -> str:
         lines.append(
             f"Speedup = median over interleaved pairs of plain time / assisted time; Speedup Interval holds that "
             f"median with >= {INTERVAL_COVERAGE:.0%} probability (min-max under 5 pairs); Settled = NO when the "
-            f"interval still contains 1 (the spread is wider than the effect): do not trust that row. "
+            f"interval still contains 1 (the spread is wider than the effect), or when the load changed between its "
+            f"runs (Others' CPUs = the least and most CPUs other processes used during a run): do not trust that row. "
             f"transformers Tokens/Sec = its own model.generate (plain) on the same batch, timed in the same "
             f"interleaved order; vs transformers = assisted Tokens/Sec / that."
         )
     lines.append(
         "Batch = prompts per call; Tokens/Sec counts every row's tokens; Row Latency = mean time until a row's "
-        "last token (batches only)."
+        "last token (batches only); Threads = torch's CPU threads for the case."
     )
     return "\n".join(lines)
 
@@ -284,7 +370,8 @@ def write_csv(path: str, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def write_plot(path: str, rows: list[dict]) -> None:
+def speedup_figure(rows: list[dict]):
+    """Speedup per case as a bar with its interval as an error bar; unsettled rows grey, hatched and labelled."""
     try:
         import matplotlib
 
@@ -293,12 +380,31 @@ def write_plot(path: str, rows: list[dict]) -> None:
     except ImportError:
         raise RuntimeError(f"--plot needs matplotlib: {INSTALL_PLOT}") from None
     labels = [f"{r['prompt_tokens']}+{r['new_tokens']}" for r in rows]
+    speedups = [r["speedup"] for r in rows]
+    below = [s - r["speedup_interval"][0] for s, r in zip(speedups, rows)]
+    above = [r["speedup_interval"][1] - s for s, r in zip(speedups, rows)]
+    settled = [bool(r.get("settled")) for r in rows]
     figure, axis = plt.subplots(figsize=(max(6, len(rows) * 0.8), 4))
-    axis.bar(labels, [r["speedup"] for r in rows], color="#4c72b0")
+    bars = axis.bar(labels, speedups, color=["#4c72b0" if ok else "#c8c8c8" for ok in settled],
+                    yerr=[below, above], capsize=4, ecolor="black")  # fmt: skip
+    for bar, ok, row in zip(bars, settled, rows):
+        if not ok:
+            bar.set_hatch("//")
+            axis.annotate("unsettled", (bar.get_x() + bar.get_width() / 2, row["speedup_interval"][1]), ha="center",
+                          va="bottom", xytext=(0, 3), textcoords="offset points", fontsize=8)  # fmt: skip
     axis.axhline(1.0, color="black", linewidth=0.8)
     axis.set_xlabel("prompt tokens + new tokens")
     axis.set_ylabel("speedup (plain time / assisted time)")
-    axis.set_title("Assisted vs plain decoding")
+    explained = f"bar: median of the pairs; error bar: its {INTERVAL_COVERAGE:.0%} interval; grey, hatched: unsettled"
+    axis.set_title(f"Assisted vs plain decoding\n{explained}", fontsize=10)
     figure.tight_layout()
+    return figure
+
+
+def write_plot(path: str, rows: list[dict]) -> None:
+    """`speedup_figure` saved as a PNG."""
+    figure = speedup_figure(rows)  # first: it says how to install matplotlib when it is missing
+    import matplotlib.pyplot as plt
+
     figure.savefig(path, dpi=120)
     plt.close(figure)

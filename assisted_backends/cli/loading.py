@@ -1,9 +1,9 @@
-"""The CLI's model choice: the draft the seed scripts pair with each target family when none is given."""
+"""The CLI's model choice: the draft the seed scripts pair with each target family when none is given
+(no torch at import: `preflight` asks it before anything loads)."""
 
 from __future__ import annotations
 
 from assisted_backends.cli.errors import CLIError
-from assisted_backends.loading.models import model_type
 
 DEFAULT_ASSISTANTS = {
     "opt": "facebook/opt-125m",
@@ -12,9 +12,13 @@ DEFAULT_ASSISTANTS = {
 }
 
 
-def default_assistant(target: str) -> str:
-    """The seed scripts' draft for the target's family, or an error listing the options."""
-    family = model_type(target, "-m/--model")
+def default_assistant(target: str, family: str | None = None) -> str:
+    """The seed scripts' draft for the target's family (read from its config unless given), or an error listing
+    the options."""
+    if family is None:
+        from assisted_backends.loading.models import model_type
+
+        family = model_type(target, "-m/--model")
     if family not in DEFAULT_ASSISTANTS:
         options = ", ".join(f"{k} -> {v}" for k, v in DEFAULT_ASSISTANTS.items())
         raise CLIError(

@@ -45,12 +45,34 @@ def _read_prompt(args: argparse.Namespace, session) -> str:
 
 
 def _print_runtime(session, log) -> dict:
+    """The notices, then the backend report: one summary line, or every field with -v."""
     runtime = session.runtime()
     for notice in session.notices:
         print(notice, file=log)
-    for key, value in runtime.items():
-        print(f"{key}: {value}", file=log)
+    if getattr(session.args, "verbose", False):
+        for key, value in runtime.items():
+            print(f"{key}: {value}", file=log)
+        return runtime
+    print(session.summary(), file=log)
+    if "thread_warning" in runtime:
+        print(f"warning: {runtime['thread_warning']}", file=log)
     return runtime
+
+
+def _quiet_libraries(args: argparse.Namespace) -> None:
+    """Before torch and transformers load: OpenMP's wait policy (`cli.threads`), and transformers' progress bars
+    and info logs off unless -v. A call from a process that loaded torch already (tests, a notebook) changes
+    nothing: OpenMP has read its settings, and that process's logging is its own."""
+    from assisted_backends.cli.threads import set_wait_policy
+
+    if "torch" in sys.modules:
+        args.wait_policy = "unchanged (torch was loaded before the command started)"
+        return
+    args.wait_policy = set_wait_policy()
+    if not args.verbose:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TQDM_DISABLE", "1")  # bars that pass no `disable=` (GGUF conversion); ours pass it
 
 
 def _generate_task(session, log) -> None:
@@ -175,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         validate(args)
         preflight(args)
+        _quiet_libraries(args)
         _run(args)
     except KeyboardInterrupt:
         print("interrupted (Ctrl-C)", file=sys.stderr)

@@ -1,5 +1,8 @@
 """Checks that run before any model loads (and before torch is imported): outputs that cannot be
-written, a `--plot` without matplotlib, prompt files that cannot be read, `-m` pointing at a file.
+written, a `--plot` without matplotlib, prompt files that cannot be read, an empty prompt, `-m` pointing
+at a file, a device this machine does not have, a dtype its CPU would emulate, a model directory without
+weights or tokenizer, `--chat` without a chat template, `--assistant-early-exit` past the last layer,
+lengths past the positions in config.json, a Hub id that is not cached on an offline machine.
 
 Each problem is one line naming the flag and the fix, so a long run never fails at its end.
 """
@@ -11,7 +14,11 @@ import importlib.util
 import os
 from pathlib import Path
 
+from assisted_backends.cli import machine, model_files
+from assisted_backends.cli.cases import benchmark_cases
 from assisted_backends.cli.errors import CLIError
+from assisted_backends.cli.loading import default_assistant
+from assisted_backends.cli.model_files import ModelFiles
 from assisted_backends.extras import install_hint
 
 INSTALL_PLOT = install_hint("plot")
@@ -59,6 +66,109 @@ def check_model_path(name: str | None, flag: str) -> None:
         raise CLIError(f"{flag} {name}: is a file, not a model; give a model directory, a .gguf file or a Hub id")
 
 
+def check_prompt(args: argparse.Namespace) -> None:
+    """A prompt given by --prompt or --prompt-file has some text."""
+    text = args.prompt_text if args.prompt_text is not None else args.prompt
+    if text is not None and not text.strip():
+        source = "--prompt-file" if args.prompt_text is not None else "--prompt"
+        raise CLIError(f"{source}: the prompt is empty; pass some text with --prompt or --prompt-file")
+
+
+def check_device(args: argparse.Namespace) -> None:
+    """The device exists here (cheap probes), and on a CPU the dtypes asked for run natively."""
+    problem = machine.device_problem(args.device)
+    if problem is not None:
+        raise CLIError(f"--device {args.device} is not available: {problem}; or use --device cpu")
+    if machine.runs_on_cpu(args.device):
+        for flag, dtype in (("--dtype", args.dtype), ("--draft-precision", args.draft_precision)):
+            problem = machine.dtype_problem(dtype, flag)
+            if problem is not None:
+                raise CLIError(problem)
+
+
+def target_files(args: argparse.Namespace) -> ModelFiles | None:
+    """The target's files: the shipped demo pair's without -m, else what -m names (None: not readable yet)."""
+    if args.model is None:
+        directory = model_files.demo_directory("target") if args.demo_pair == "shipped" else None
+        return None if directory is None else model_files.from_directory(directory, "the demo target", "-m/--model")
+    return model_files.locate(args.model, "-m/--model")
+
+
+def check_target(args: argparse.Namespace, target: ModelFiles) -> None:
+    """--chat against the chat template, --assistant-early-exit against the layers, lengths against the positions."""
+    if (args.chat or args.system is not None) and target.chat_template is False:
+        raise CLIError(
+            "--chat/--system: this model's tokenizer has no chat template (not an instruct model); drop them"
+        )
+    layers, depth = target.layers, args.assistant_early_exit
+    if depth is not None and layers is not None and not 1 <= depth < layers:
+        raise CLIError(
+            f"--assistant-early-exit must be between 1 and {layers - 1} (the target has {layers} layers), got {depth}"
+        )
+    check_length(args, target)
+
+
+def _prompt_tokens(args: argparse.Namespace, target: ModelFiles) -> int | None:
+    """The longest prompt's token count (one per line of --prompt-file with --batch-size > 1), or None."""
+    text = args.prompt_text if args.prompt_text is not None else args.prompt
+    if not text:
+        return None
+    per_line = args.prompt_text is not None and args.batch_size > 1
+    prompts = [line for line in text.splitlines() if line.strip()] if per_line else [text]
+    counts = [target.count_tokens(prompt) for prompt in prompts]
+    return None if None in counts else max(counts)
+
+
+def check_length(args: argparse.Namespace, target: ModelFiles) -> None:
+    """Prompt + new tokens fit the target's positions (config.json; the prompt counted by tokenizer.json)."""
+    limit = target.position_limit
+    if limit is None:
+        return
+    if args.task == "benchmark":
+        prompt, new = max(p for p, _ in benchmark_cases(args)), max(n for _, n in benchmark_cases(args))
+        flags = "--prompt-lengths + --new-tokens"
+    else:
+        prompt, new, flags = _prompt_tokens(args, target), args.max_new_tokens, "--max-new-tokens"
+        if prompt is None:  # the prompt is not known yet: at least the new tokens must fit
+            if new >= limit:
+                raise CLIError(f"--max-new-tokens {new} leaves no room for a prompt in the target's {limit} "
+                               "positions (config.json); lower --max-new-tokens")  # fmt: skip
+            return
+    if prompt + new > limit:
+        raise CLIError(
+            f"{flags}: prompt ({prompt} tokens) + {new} new tokens = {prompt + new} exceeds the target's {limit} "
+            f"positions (config.json); shorten the prompt or lower {flags.split(' + ')[-1]}"
+        )
+
+
+SAVED_DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit")  # a checkpoint may ask for these itself
+
+
+def require_local_default(draft: str) -> None:
+    """The default draft is used only when it is already on this machine: never an implicit download."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if Path(draft).is_dir() or isinstance(try_to_load_from_cache(draft, "config.json"), str):
+        return
+    raise CLIError(
+        f"no --assistant-model given, and this target's default draft {draft} is not on this machine (it is never "
+        f"downloaded implicitly). Offline options: --prompt-lookup 10 (no draft model), --assistant-early-exit 2 "
+        f"(the target's first layers), --assistant-model DIR (a local draft), --no-assisted. Online: `hf download "
+        f"{draft}` once, or pass --assistant-model {draft}"
+    )
+
+
+def check_default_draft(args: argparse.Namespace, target: ModelFiles) -> None:
+    """-m without a drafter: the family's default draft must exist and be on this machine (as `session` picks it)."""
+    if args.model is None or args.assistant_model is not None or args.no_assisted:
+        return
+    if args.prompt_lookup or args.assistant_early_exit or "model_type" not in target.config:
+        return
+    if any(target.generation_config.get(field) for field in SAVED_DRAFTING):
+        return
+    require_local_default(default_assistant(args.model, target.config["model_type"]))
+
+
 def preflight(args: argparse.Namespace) -> None:
     """Everything that can be checked without loading a model; caches the prompt file's text on `args`."""
     for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)):
@@ -67,5 +177,13 @@ def preflight(args: argparse.Namespace) -> None:
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise CLIError(f"--plot needs matplotlib: {INSTALL_PLOT}; or drop --plot")
     args.prompt_text = read_prompt_file(args.prompt_file) if args.prompt_file is not None else None
+    check_prompt(args)
     check_model_path(args.model, "-m/--model")
     check_model_path(args.assistant_model, "--assistant-model")
+    check_device(args)
+    target = target_files(args)
+    if target is not None:
+        check_target(args, target)
+        check_default_draft(args, target)
+    if args.assistant_model is not None:
+        model_files.locate(args.assistant_model, "--assistant-model")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,14 +14,14 @@ import torch
 import assisted_backends
 from assisted_backends.backends import Backend, BackendOptions, resolve_backend
 from assisted_backends.backends.cpu import affinity
-from assisted_backends.cli.errors import CLIError
 from assisted_backends.cli.loading import default_assistant
+from assisted_backends.cli.preflight import SAVED_DRAFTING, require_local_default
+from assisted_backends.cli.threads import ThreadChoice, initial_choice, probe, probe_applies
 from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
 from assisted_backends.distributed import launch as distributed
 from assisted_backends.loading.files import find_gguf
 from assisted_backends.loading.models import load_model, load_tokenizer, saved_generation_config
 
-SAVED_DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit")  # a checkpoint may ask for these itself
 SMOKE_NOTICE = (
     "note: using a SMOKE demo pair ({target} target, {draft} draft, a few training steps on a small text sample): "
     "it writes noise; it exists for tests and CI"
@@ -45,11 +46,43 @@ class Session:
     draft_tokenizer: Any = None
     notices: list[str] = field(default_factory=list)
     held_out_text: str | None = None
-    threads: dict[str, str] = field(default_factory=dict)
+    threads: ThreadChoice | None = None
+    wait_policy: str = ""
 
     def runtime(self) -> dict[str, str]:
         """The backend's report (device, precision, placement) plus how the thread count was chosen."""
-        return {**self.backend.describe(), **self.threads}
+        report = {**self.backend.describe(), **(self.threads.report() if self.threads else {})}
+        busy = affinity.busy_note(threads=self.threads.threads if self.threads else None)
+        if busy is not None:
+            report["machine_busy"] = busy
+        if self.wait_policy:
+            report["omp_wait_policy"] = self.wait_policy
+        return report
+
+    def summary(self) -> str:
+        """The report in one line: device, precisions, threads and why."""
+        report = self.runtime()
+        draft = f", draft {report['draft_precision']}" if self.draft is not None else ""
+        threads = ""
+        if "threads" in report:
+            count, why = int(report["threads"]), f"{report['threads_from']}: {report['threads_reason']}"
+            threads = f"; {count} thread{'s' if count > 1 else ''} ({why})"
+        device = report.get("device", self.backend.name)
+        return f"{device}: target {report.get('dtype', '?')}{draft}{threads}; -v for the full report"
+
+    def recheck_threads(self) -> ThreadChoice | None:
+        """Probe again (between benchmark cases) when the count came from a probe; a change must be confirmed
+        by a second probe (one neighbour's burst should not flip it). The new choice if it changed."""
+        if self.threads is None or self.threads.source != "probe":
+            return None
+        current, cores = self.threads, affinity.usable_cores()
+        for _ in range(2):
+            found = probe(current, self.target, self.backend.device, cores)
+            if found.threads == current.threads:
+                self.threads = found
+                return None
+        self.threads = found
+        return found
 
     def demo_prompt(self) -> str:
         """The generate task's prompt for the demo pair when none is given."""
@@ -150,44 +183,36 @@ def _pick_models(args: argparse.Namespace, notices: list[str]) -> tuple[str, str
     if args.assistant_model is not None:
         return args.model, args.assistant_model, None
     draft = default_assistant(args.model)
-    _require_local_default(draft)
+    require_local_default(draft)
     notices.append(f"note: no --assistant-model given; using the default draft for this family: {draft}")
     return args.model, draft, None
 
 
-def _require_local_default(draft: str) -> None:
-    """The default draft is used only when it is already on this machine: never an implicit download."""
-    from huggingface_hub import try_to_load_from_cache
+def load_with_progress(name: str, what: str, precision: str | None):
+    """`load_model`, with one line before and one after when a `.gguf` is first converted (it can take a minute):
+    repacked for the int4 / int8 kernels when it keeps its quantization, else dequantized to a model directory."""
+    from assisted_backends.loading import files
 
-    if Path(draft).is_dir() or isinstance(try_to_load_from_cache(draft, "config.json"), str):
-        return
-    raise CLIError(
-        f"no --assistant-model given, and this target's default draft {draft} is not on this machine (it is never "
-        f"downloaded implicitly). Offline options: --prompt-lookup 10 (no draft model), --assistant-early-exit 2 "
-        f"(the target's first layers), --assistant-model DIR (a local draft), --no-assisted. Online: `hf download "
-        f"{draft}` once, or pass --assistant-model {draft}"
-    )
+    gguf = files.find_gguf(name, what)
+    quantized = precision in (None, "int8", "int4")
+    if gguf is None or _converted(gguf, precision, quantized):
+        return load_model(name, what, precision)
+    kind = f"{precision or 'its own'} quantization, repacked for the CPU kernels" if quantized else "a model directory"
+    print(f"converting {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB) to {kind}, once (cached; Gemma 3's 253 MB "
+          "took 12 s on 2 busy cores)...", file=sys.stderr, flush=True)  # fmt: skip
+    began = time.perf_counter()
+    model = load_model(name, what, precision)
+    print(f"converted {gguf.name} in {time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True)
+    return model
 
 
-def _choose_threads(args: argparse.Namespace) -> dict[str, str]:
-    """Set torch's threads (--threads > $OMP_NUM_THREADS > usable cores) and say where the number came from."""
-    omp = os.environ.get("OMP_NUM_THREADS")
-    if args.threads is not None:
-        threads, source = affinity.set_threads(args.threads), "--threads"
-    elif omp:
-        threads, source = torch.get_num_threads(), "OMP_NUM_THREADS"
-    else:
-        threads = affinity.set_threads(None)
-        quota = affinity.cgroup_cpu_quota()
-        source = (
-            f"usable cores: affinity {len(affinity.placement().affinity)}, cgroup quota "
-            f"{'none' if quota is None else f'{quota:g}'}, local ranks {os.environ.get('LOCAL_WORLD_SIZE', '1')}"
-        )
-    report = {"threads": str(threads), "threads_from": source}
-    busy = affinity.busy_note(threads=threads)
-    if busy is not None:
-        report["machine_busy"] = busy
-    return report
+def _converted(gguf, precision: str | None, quantized: bool) -> bool:
+    from assisted_backends.loading import files
+    from assisted_backends.quantized.model import is_cached
+
+    if quantized:
+        return is_cached(gguf, scheme=precision or "file")
+    return (files.converted_dir(gguf) / "config.json").is_file()
 
 
 def _size(shape) -> str:
@@ -197,12 +222,12 @@ def _size(shape) -> str:
 def open_session(args: argparse.Namespace) -> Session:
     """Resolve the backend, load (and prepare once) the models and tokenizers."""
     notices: list[str] = []
-    threads = _choose_threads(args)  # before any model runs, so every op uses the pool it will keep
+    threads = initial_choice(args)  # before any model runs, so every op uses the pool it will keep
     target_name, draft_name, held_out = _pick_models(args, notices)
     dtype = args.dtype or (None if find_gguf(target_name) else "fp32")  # a .gguf keeps its own quantization
     options = BackendOptions(dtype=dtype, draft_precision=args.draft_precision, bucket_size=args.bucket_size)
     backend = resolve_backend(args.device, options)
-    target = load_model(target_name, "-m/--model", dtype)
+    target = load_with_progress(target_name, "-m/--model", dtype)
     launch = distributed.launch_context()
     if launch is not None:  # deepspeed / torchrun: shard the target (AutoTP); every rank keeps a full draft
         distributed.init_distributed(launch, backend.name)
@@ -211,7 +236,11 @@ def open_session(args: argparse.Namespace) -> Session:
     tokenizer = load_tokenizer(target_name, "-m/--model")
     draft = draft_tokenizer = None
     if draft_name is not None:
-        draft = backend.prepare(load_model(draft_name, "--assistant-model", args.draft_precision), "draft")
+        draft = backend.prepare(load_with_progress(draft_name, "--assistant-model", args.draft_precision), "draft")
         draft_tokenizer = load_tokenizer(draft_name, "--assistant-model")
     text = open(held_out, encoding="utf-8").read() if held_out else None
-    return Session(args, backend, target, tokenizer, draft, draft_tokenizer, notices, text, threads)
+    cores = affinity.usable_cores()
+    if probe_applies(threads, backend.device.type, launch is not None, cores):
+        threads = probe(threads, target, backend.device, cores)
+    wait_policy = getattr(args, "wait_policy", "")
+    return Session(args, backend, target, tokenizer, draft, draft_tokenizer, notices, text, threads, wait_policy)

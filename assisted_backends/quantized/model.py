@@ -270,6 +270,14 @@ def _weights_file(directory: Path, scheme: str, group_size: int, dtype: torch.dt
     return directory / f"weights-v{_FORMAT_VERSION}-{tag}-{signature()}.safetensors"
 
 
+def is_cached(path: str | Path, scheme: str = "file", group_size: int = 32, dtype: torch.dtype = kernels.FAST_DTYPE,
+              compact: tuple[str, ...] = ()) -> bool:  # fmt: skip
+    """Whether `load_gguf_quantized(path, ...)` with these settings would read its repacked weights from the cache."""
+    directory = cache.entry_dir(Path(path).expanduser().resolve())
+    weights = _weights_file(directory, scheme, group_size, dtype, tuple(sorted(compact)))
+    return (directory / "config.json").is_file() and weights.is_file()
+
+
 def _save_plan(path: Path, plan: _Plan) -> None:
     from safetensors.torch import save_file
 

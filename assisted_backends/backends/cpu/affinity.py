@@ -5,6 +5,11 @@ and the thread count it should use.
 container's `--cpus`), divided among the ranks a launcher started on this host (LOCAL_WORLD_SIZE).
 `set_threads(n)` sets torch's intra-op pool (default: `usable_cores()`); `busy_note()` says when the
 machine's load average already fills its CPUs (then more threads mostly wait for each other).
+`probe_threads(step)` times a few calls of `step` (a decode step) at 1 and at N threads, alternating, and
+picks the faster: on a machine where another process keeps a core busy, N OpenMP threads wait for the
+descheduled one at every barrier and one thread is often several times faster. `CpuMeter` measures,
+over a stretch of work, this process's CPU time per wall second and the CPUs other processes used
+(/proc/stat): the contention a timing ran under.
 
 Nothing here changes the placement: `numactl -C/-m`, `taskset -c` and
 `python -m torch.backends.xeon.run_cpu` set it before Python starts, and OMP_NUM_THREADS sets torch's
@@ -15,7 +20,10 @@ the cores the process may use, the classic oversubscription that makes a pinned 
 from __future__ import annotations
 
 import os
+import statistics
+import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -176,6 +184,105 @@ def warn_if_oversubscribed(current: ThreadPlacement | None = None) -> ThreadPlac
     if message:
         warnings.warn(message, ThreadOversubscriptionWarning, stacklevel=3)
     return current
+
+
+PROC_STAT = "/proc/stat"
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal (guest time is inside user)
+FASTER_MARGIN = 0.9  # more threads must take at most 90% of one thread's step time to be chosen
+
+
+def _busy_cpu_seconds(path: str = PROC_STAT) -> float | None:
+    """Seconds all CPUs spent busy since boot (steal included: a hypervisor's other guests), or None."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            fields = handle.readline().split()[1:]
+        return sum(int(fields[i]) for i in BUSY_FIELDS if i < len(fields)) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """A stretch of work: wall seconds, this process's CPU seconds per wall second, and the CPUs other
+    processes kept busy meanwhile (None where /proc/stat cannot be read; 10 ms resolution)."""
+
+    wall_s: float
+    own_cpus: float
+    others_cpus: float | None
+
+    @staticmethod
+    def combine(uses: Sequence[CpuUse]) -> CpuUse:
+        """The uses of consecutive stretches as one (weighted by wall time)."""
+        wall = sum(use.wall_s for use in uses) or 1e-9
+        own = sum(use.own_cpus * use.wall_s for use in uses) / wall
+        others = None if any(use.others_cpus is None for use in uses) else sum(
+            use.others_cpus * use.wall_s for use in uses) / wall  # fmt: skip
+        return CpuUse(wall, own, others)
+
+
+class CpuMeter:
+    """`with CpuMeter() as meter: work()` then `meter.use`: the `CpuUse` of the work."""
+
+    def __enter__(self) -> CpuMeter:
+        self._wall, self._own, self._busy = time.perf_counter(), time.process_time(), _busy_cpu_seconds()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = max(time.perf_counter() - self._wall, 1e-9)
+        own = time.process_time() - self._own
+        busy = _busy_cpu_seconds()
+        others = None if busy is None or self._busy is None else max(0.0, (busy - self._busy - own) / wall)
+        self.use = CpuUse(wall, own / wall, others)
+
+
+@dataclass(frozen=True)
+class ThreadProbe:
+    """What `probe_threads` measured: median ms per step at each thread count, and the CPU use at each."""
+
+    step_ms: dict[int, float]
+    use: dict[int, CpuUse]
+    chosen: int
+
+    def reason(self) -> str:
+        """One line: the chosen count and the measurements behind it."""
+        others = CpuUse.combine(list(self.use.values())).others_cpus
+        timings = ", ".join(
+            f"{ms:.1f} ms at {n} thread{'s' if n > 1 else ''}" for n, ms in sorted(self.step_ms.items())
+        )
+        busy = "" if others is None else f"; other processes used {others:.1f} CPUs meanwhile"
+        return f"a target step took {timings}{busy}"
+
+
+def probe_threads(
+    step: Callable[[], object], counts: Sequence[int], rounds: int = 6, steps: int = 2, budget_s: float = 3.0
+) -> ThreadProbe:
+    """Time `step` at each thread count in `counts` (alternating order, one untimed call after each switch,
+    `steps` timed calls per count and round: short windows, so that a neighbour's burst hits every count
+    alike; fewer rounds when `budget_s` runs out), set torch's threads to the fastest count and return the
+    measurements. A count's time is the median over rounds of its window's mean step time (stalls at
+    barriers are the cost being measured; one window hit by a burst is not). A larger count must beat a
+    smaller one by 10%."""
+    windows: dict[int, list[float]] = {n: [] for n in counts}  # mean seconds per step of each timed window
+    uses: dict[int, list[CpuUse]] = {n: [] for n in counts}
+    started = time.perf_counter()
+    for round_index in range(rounds):
+        for n in counts if round_index % 2 == 0 else list(reversed(counts)):
+            torch.set_num_threads(n)
+            step()
+            with CpuMeter() as meter:
+                for _ in range(steps):
+                    step()
+            windows[n].append(meter.use.wall_s / steps)  # stalls inside a window count: they are the cost
+            uses[n].append(meter.use)
+        if time.perf_counter() - started > budget_s:
+            break
+    step_ms = {n: 1000 * statistics.median(values) for n, values in windows.items()}  # one bad window does not
+    chosen = min(counts)
+    for n in sorted(counts):
+        if step_ms[n] < FASTER_MARGIN * step_ms[chosen]:
+            chosen = n
+    torch.set_num_threads(chosen)
+    return ThreadProbe(step_ms, {n: CpuUse.combine(u) for n, u in uses.items()}, chosen)
 
 
 if __name__ == "__main__":  # `python -m assisted_backends.backends.cpu.affinity`: print the placement as JSON

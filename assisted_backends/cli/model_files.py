@@ -1,0 +1,157 @@
+"""What a model argument's files say, read without torch or transformers: a saved directory's config.json
+and tokenizer files, a `.gguf` file's metadata, a Hub id's cached snapshot.
+
+The CLI checks flags against these before anything loads (`preflight`): a directory with no weights, a
+chat template that is not there, an early-exit depth past the last layer, a length past the positions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from assisted_backends.cli import machine
+from assisted_backends.cli.errors import CLIError
+from assisted_backends.loading import files
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.safetensors.index.json", "*.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+GGUF_KEYS = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings"}
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A model argument's facts as its files state them (None: the files do not say)."""
+
+    name: str
+    flag: str
+    config: dict = field(default_factory=dict)
+    generation_config: dict = field(default_factory=dict)
+    tokenizer_json: Path | None = None
+    chat_template: bool | None = None
+
+    def _first(self, keys: tuple[str, ...]) -> int | None:
+        for source in (self.config, self.config.get("text_config") or {}):
+            for key in keys:
+                if isinstance(source.get(key), int):
+                    return source[key]
+        return None
+
+    @property
+    def layers(self) -> int | None:
+        return self._first(LAYER_KEYS)
+
+    @property
+    def position_limit(self) -> int | None:
+        return self._first(POSITION_KEYS)
+
+    def count_tokens(self, text: str) -> int | None:
+        """The prompt's token count from tokenizer.json (the `tokenizers` library; no torch), or None."""
+        if self.tokenizer_json is None or importlib.util.find_spec("tokenizers") is None:
+            return None
+        from tokenizers import Tokenizer
+
+        try:
+            return len(Tokenizer.from_file(str(self.tokenizer_json)).encode(text).ids)
+        except Exception:  # noqa: BLE001 - a tokenizer this library cannot read is transformers' to judge later
+            return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _check_complete(directory: Path, name: str, flag: str) -> None:
+    """A local model directory holds weights and a tokenizer."""
+    if not any(any(directory.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        raise CLIError(
+            f"{flag} {name}: config.json but no weights (*.safetensors or *.bin) in the directory; save the model "
+            "with save_pretrained, or give another directory"
+        )
+    if not any((directory / tokenizer).is_file() for tokenizer in TOKENIZER_FILES):
+        raise CLIError(f"{flag} {name}: no tokenizer files in the directory; save the tokenizer next to the model")
+
+
+def from_directory(directory: Path, name: str, flag: str, complete: bool = True) -> ModelFiles:
+    """A saved model directory: config.json, and (`complete`: a local directory, not a Hub cache snapshot that
+    may still be filled) weights and a tokenizer."""
+    if not (directory / "config.json").is_file():
+        raise CLIError(f"{flag} {name}: no config.json in the directory; give a saved model directory or a .gguf file")
+    if complete:
+        _check_complete(directory, name, flag)
+    tokenizer_config = _read_json(directory / "tokenizer_config.json")
+    template = bool(tokenizer_config.get("chat_template")) or any(
+        (directory / template_file).is_file() for template_file in CHAT_TEMPLATE_FILES
+    )
+    tokenizer_json = directory / "tokenizer.json" if (directory / "tokenizer.json").is_file() else None
+    config, generation = _read_json(directory / "config.json"), _read_json(directory / "generation_config.json")
+    return ModelFiles(name, flag, config, generation, tokenizer_json, template)
+
+
+def from_gguf(path: Path, name: str, flag: str) -> ModelFiles:
+    """A `.gguf` file: its metadata (layers, context length, chat template), read with the `gguf` package."""
+    files.require_gguf(path, flag)
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as error:  # noqa: BLE001 - any parse failure means the same thing to the user
+        raise CLIError(f"{flag} {name}: not a readable GGUF file ({error})") from None
+    values = {key: item.contents() for key, item in reader.fields.items() if not key.startswith("tokenizer.ggml.")}
+    arch = values.get("general.architecture", "")
+    config = {hf: values[f"{arch}.{key}"] for key, hf in GGUF_KEYS.items() if f"{arch}.{key}" in values}
+    return ModelFiles(name, flag, config, {}, None, bool(values.get("tokenizer.chat_template")))
+
+
+def hub_snapshot(repo: str, flag: str) -> Path | None:
+    """The cached snapshot directory of Hub id `repo`; None when it is not cached and the Hub can be reached.
+    Unreachable (HF_HUB_OFFLINE=1, or its host does not resolve): an error at once, and HF_HUB_OFFLINE is set."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(repo, "config.json")
+    except Exception:  # noqa: BLE001 - not a valid repo id: transformers will say so when it loads
+        return None
+    if isinstance(cached, str):
+        return Path(cached).parent
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    host = machine.hub_host()
+    if not offline and machine.resolves(host):
+        return None
+    os.environ["HF_HUB_OFFLINE"] = "1"  # nothing later spends time on retries
+    why = "HF_HUB_OFFLINE=1" if offline else f"{host} does not resolve: this machine looks offline"
+    raise CLIError(
+        f"{flag} {repo}: not in the local Hub cache, and the Hub cannot be reached ({why}); download it where the "
+        f"Hub is reachable (`hf download {repo}`) and pass its directory to {flag}"
+    )
+
+
+def demo_directory(role: str) -> Path | None:
+    """The shipped demo pair's `target` or `draft` directory (found without importing the demo module)."""
+    spec = importlib.util.find_spec("assisted_backends")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    directory = Path(spec.submodule_search_locations[0]) / "demo" / "weights" / role
+    return directory if (directory / "config.json").is_file() else None
+
+
+def locate(name: str, flag: str) -> ModelFiles | None:
+    """The files behind a model argument (directory, `.gguf`, cached Hub id), or None where they cannot be
+    read before loading (a Hub id that will be downloaded)."""
+    gguf = files.find_gguf(name, flag)  # one-line errors for missing paths and directories holding nothing
+    if gguf is not None:
+        return from_gguf(gguf, name, flag)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return from_directory(path, name, flag)
+    snapshot = hub_snapshot(name, flag)
+    return None if snapshot is None else from_directory(snapshot, name, flag, complete=False)

@@ -90,7 +90,7 @@ def pair(tmp_path_factory) -> Path:
         (["--prompt-lookpu", "10"], "error: unknown flag --prompt-lookpu; did you mean --prompt-lookup?"),
         (["--max-new-token", "8"], "error: unknown flag --max-new-token; did you mean --max-new-tokens?"),
         (["--max-new-tokens", "x"], "error: --max-new-tokens: expected a positive integer, got 'x'"),
-        (["--dtype", "fp8"], "error: --dtype: 'fp8' is not one of auto, fp32, bf16, fp16"),
+        (["--dtype", "fp8"], "error: --dtype: 'fp8' is not one of auto, fp32, bf16, fp16, int8, int4"),
     ],
 )
 def test_argument_errors_are_one_line_with_the_closest_flag_and_no_prefix_matching(argv, expected):

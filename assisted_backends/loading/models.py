@@ -1,5 +1,8 @@
 """The one loader: a saved model directory, a `.gguf` file (or a directory holding one), or a Hub id.
 
+A directory holding an EAGLE-3 head (`drafters.eagle.checkpoint`: `fc.weight` and `midlayer.*` tensors, in
+either published layout) loads as an `Eagle3Head`; it has no tokenizer of its own (it drafts in its target's).
+
 Local files first: a Hub id is looked up in the local cache, and downloaded only when it is not there and
 the Hub is reachable (never when `HF_HUB_OFFLINE=1`). Every failure is one line naming the argument
 (`ModelFileError`), never a traceback from inside transformers.
@@ -13,6 +16,8 @@ import os
 from pathlib import Path
 
 from assisted_backends import hf_compat
+from assisted_backends.drafters.eagle.build import is_eagle_head
+from assisted_backends.drafters.eagle.checkpoint import is_eagle_checkpoint, load_head
 from assisted_backends.loading import files
 from assisted_backends.loading.files import ModelFileError
 
@@ -36,6 +41,8 @@ def load_model(name: str | os.PathLike, what: str = "model", dtype=None):
     from transformers import AutoModelForCausalLM
 
     resolved = resolve(str(name), what)
+    if is_eagle_checkpoint(resolved):
+        return load_head(resolved, dtype)
     kwargs = hf_compat.dtype_kwargs(dtype)  # `dtype=` or, before transformers 4.56, `torch_dtype=`
     try:
         return AutoModelForCausalLM.from_pretrained(resolved, local_files_only=True, **kwargs).eval()
@@ -51,10 +58,12 @@ def load_model(name: str | os.PathLike, what: str = "model", dtype=None):
 
 
 def load_tokenizer(name: str | os.PathLike, what: str = "model"):
-    """`AutoTokenizer.from_pretrained`, local files first."""
+    """`AutoTokenizer.from_pretrained`, local files first; None for an EAGLE-3 head (it uses its target's)."""
     from transformers import AutoTokenizer
 
     resolved = resolve(str(name), what)
+    if is_eagle_checkpoint(resolved):
+        return None
     try:
         return AutoTokenizer.from_pretrained(resolved, local_files_only=True)
     except (OSError, ValueError):
@@ -95,7 +104,8 @@ def load_arguments(model, assistant_model, tokenizer, assistant_tokenizer) -> tu
         model = load_model(model_name, "model")
     if draft_name is not None:
         assistant_model = load_model(draft_name, "assistant_model")
-    if model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None:
+    heads = is_eagle_head(assistant_model)  # an EAGLE-3 head drafts in the target's vocabulary
+    if model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None and not heads:
         if model.get_input_embeddings().num_embeddings != assistant_model.get_input_embeddings().num_embeddings:
             tokenizer = load_tokenizer(model_name, "model")
             assistant_tokenizer = load_tokenizer(draft_name, "assistant_model")

@@ -141,7 +141,6 @@ def evaluate(head: Eagle3Head, examples: list[Example], lookup: torch.Tensor, st
     """Teacher-forced chain acceptance on `examples` (see the module docstring)."""
     was_training = head.training
     head.eval()
-    agreed: list[list[torch.Tensor]] = []
     results = []
     with torch.no_grad():
         for chunk in range(0, len(examples), 8):
@@ -159,7 +158,6 @@ def evaluate(head: Eagle3Head, examples: list[Example], lookup: torch.Tensor, st
             tried[k] += int(alive.sum())
             alive = alive & agree
             kept[k] += int(alive.sum())
-    del agreed
     return Evaluation([kept[k] / tried[k] if tried[k] else 0.0 for k in range(steps)], steps)
 
 
@@ -314,7 +312,7 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
         torch.nn.utils.clip_grad_norm_(parameters, 0.5)
         optimizer.step()
         step += 1
-        loss_value = float(result.loss)
+        loss_value = float(result.loss.detach())
         clock.elapsed()
         bar.update("training", step=step, loss=f"{loss_value:.3f}")
         now = time.perf_counter()

@@ -213,3 +213,21 @@ def test_cli_takes_a_head_as_assistant_model(tmp_path, capsys, monkeypatch):
     plain_data, assisted_data = json.loads(plain.read_text()), json.loads(assisted.read_text())
     assert plain_data["generated_token_ids"] == assisted_data["generated_token_ids"]
     assert assisted_data["stats"]["drafted"] > 0
+
+
+def test_a_hub_id_whose_snapshot_is_cached_loads_as_a_head(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = tmp_path / "hub" / "models--someone--tiny-eagle3"
+    write_specforge(repo / "snapshots" / ("0" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    from assisted_backends.loading import models
+
+    models.resolve.cache_clear()
+    head = models.load_model("someone/tiny-eagle3", "assistant_model")
+    assert type(head).__name__ == "Eagle3Head" and head.embed_tokens is not None
+    assert models.load_tokenizer("someone/tiny-eagle3", "assistant_model") is None

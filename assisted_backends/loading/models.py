@@ -36,13 +36,40 @@ def _offline(name: str, what: str) -> ModelFileError:
     )
 
 
+def eagle_directory(resolved: str) -> str | None:
+    """The local directory of the EAGLE-3 head `resolved` names (a directory, or a Hub id whose snapshot is in the
+    local cache or, when the Hub is reachable and its config.json describes a one-layer head, downloaded), or None
+    when it names something else."""
+    if Path(resolved).is_dir() or Path(resolved).expanduser().exists():
+        return resolved if is_eagle_checkpoint(resolved) else None
+    if resolved.count("/") != 1:
+        return None
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "pytorch_model.bin"]
+    try:
+        folder = snapshot_download(resolved, local_files_only=True, allow_patterns=patterns)
+    except Exception:  # noqa: BLE001 - not in the local cache (or not a repository): ask the Hub, if allowed
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            return None
+        try:
+            config = json.loads(Path(hf_hub_download(resolved, "config.json")).read_text())
+            if config.get("num_hidden_layers") != 1 and "draft_vocab_size" not in config:
+                return None
+            folder = snapshot_download(resolved, allow_patterns=patterns)
+        except Exception:  # noqa: BLE001 - unreachable or unknown: the ordinary loader reports it
+            return None
+    return folder if is_eagle_checkpoint(folder) else None
+
+
 def load_model(name: str | os.PathLike, what: str = "model", dtype=None):
     """`AutoModelForCausalLM.from_pretrained` in eval mode, local files first; `dtype` a torch dtype or None."""
     from transformers import AutoModelForCausalLM
 
     resolved = resolve(str(name), what)
-    if is_eagle_checkpoint(resolved):
-        return load_head(resolved, dtype)
+    head_dir = eagle_directory(resolved)
+    if head_dir is not None:
+        return load_head(head_dir, dtype)
     kwargs = hf_compat.dtype_kwargs(dtype)  # `dtype=` or, before transformers 4.56, `torch_dtype=`
     try:
         return AutoModelForCausalLM.from_pretrained(resolved, local_files_only=True, **kwargs).eval()
@@ -62,7 +89,7 @@ def load_tokenizer(name: str | os.PathLike, what: str = "model"):
     from transformers import AutoTokenizer
 
     resolved = resolve(str(name), what)
-    if is_eagle_checkpoint(resolved):
+    if eagle_directory(resolved) is not None:
         return None
     try:
         return AutoTokenizer.from_pretrained(resolved, local_files_only=True)

@@ -137,3 +137,18 @@ def test_drafts_are_what_training_time_test_predicts(monkeypatch):
             assert predictions[k][length - 2] == token
             compared += 1
     assert compared > len(proposals)  # later chain steps were compared too
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_lookup_first_then_the_head(static):
+    """`prompt_lookup_num_tokens` with a head: lookup matches where the output repeats its context, the head
+    elsewhere; tokens stay the target's."""
+    target, tokenizer = demo_target()
+    text = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n"
+    prompt = tokenizer(text, return_tensors="pt").input_ids
+    result = generate(
+        target, prompt, assistant_model=demo_head(), prompt_lookup_num_tokens=8, max_new_tokens=40,
+        num_assistant_tokens=3, static_shapes=static,
+    )  # fmt: skip
+    assert torch.equal(result.sequences, reference_greedy(target, prompt, 40))
+    assert result.stats.drafter == "eagle3+lookup" and result.stats.accepted > 0

@@ -23,6 +23,7 @@ from assisted_backends.drafters.any_pair.token_bytes import codec_for
 from assisted_backends.drafters.base import Drafter
 from assisted_backends.drafters.draft_model import DraftLimits, ModelDrafter
 from assisted_backends.drafters.eagle import build as eagle
+from assisted_backends.drafters.eagle.combined import LookupOrHead
 from assisted_backends.drafters.early_exit import EarlyExitDrafter, early_exit_view
 from assisted_backends.drafters.prompt_lookup import PromptLookupDrafter
 from assisted_backends.engine.runner import ModelRunner
@@ -57,6 +58,7 @@ class DraftSpec:
     prompt_pass_ratio: float = 0.0
     position_limit: int | None = None
     key_limit: int | None = None
+    combined_lookup: int | None = None  # an EAGLE head with prompt lookup first (`drafters.eagle.combined`)
 
     @property
     def speculates(self) -> bool:
@@ -81,8 +83,12 @@ def plan_drafting(
     exit_layers: int | None,
     target_hidden: int | None = None,
 ) -> DraftSpec:
-    """The `DraftSpec` for what the caller asked (one way of drafting at most: `options.ranges`);
-    `target_hidden`: the target's hidden size (an EAGLE head's features must have it)."""
+    """The `DraftSpec` for what the caller asked (one way of drafting at most: `options.ranges`, or an EAGLE head
+    and prompt lookup); `target_hidden`: the target's hidden size (an EAGLE head's features must have it)."""
+    if eagle.is_eagle_head(assistant_model):
+        eagle.check_head(assistant_model, target, target_hidden)
+        costs = eagle.draft_costs(assistant_model, target)
+        return DraftSpec("eagle", assistant_model, combined_lookup=lookup_tokens, **costs)
     if lookup_tokens is not None:
         return DraftSpec("prompt_lookup", lookup_tokens=lookup_tokens, cost_ratio=0.0)
     if exit_layers is not None:
@@ -95,9 +101,6 @@ def plan_drafting(
         return DraftSpec("early_exit", exit_layers=exit_layers, cost_ratio=exit_layers / target.layers)
     if assistant_model is None:
         return DraftSpec()
-    if eagle.is_eagle_head(assistant_model):
-        eagle.check_head(assistant_model, target, target_hidden)
-        return DraftSpec("eagle", assistant_model, **eagle.draft_costs(assistant_model, target))
     if (tokenizer is None) != (assistant_tokenizer is None) and assistant_tokenizer is not None:
         raise OptionError("pass both tokenizer= (the target's) and {name}= (the draft's), or neither",
                           name="assistant_tokenizer")  # fmt: skip
@@ -146,7 +149,10 @@ def build_drafter(
     if spec.kind == "prompt_lookup":
         return PromptLookupDrafter(vocab_size, fixed_length=static_shapes)
     if spec.kind == "eagle":
-        return eagle.build_eagle_drafter(spec.assistant_model, target_runner, static_shapes, vocab_size)
+        drafter = eagle.build_eagle_drafter(spec.assistant_model, target_runner, static_shapes, vocab_size)
+        if spec.combined_lookup is None:
+            return drafter
+        return LookupOrHead(drafter, spec.combined_lookup, vocab_size, static_shapes)
     if spec.kind == "early_exit":
         view = make_runner(early_exit_view(target_runner.model, spec.exit_layers), limit=target_runner.position_limit)
         return EarlyExitDrafter(view, target_runner, spec.exit_layers)

@@ -33,10 +33,12 @@ def texts(tmp_path_factory):
     return root
 
 
-def _settings(texts, output, minutes: float) -> TrainSettings:
+def _settings(texts, output, steps: int) -> TrainSettings:
+    """A fixed amount of work (64 sequences, `steps` steps) well inside its time budget, however busy the machine."""
     return TrainSettings(
-        target=str(DEMO_DIR / "target"), text=(str(texts),), output=str(output), minutes=minutes, data_share=0.3,
-        prompt_tokens=24, new_tokens=24, generation_batch=16, held_out=8, max_sequences=64, draft_vocab=512,
+        target=str(DEMO_DIR / "target"), text=(str(texts),), output=str(output), minutes=10.0, data_share=0.9,
+        prompt_tokens=24, new_tokens=24, generation_batch=16, held_out=8, max_sequences=64, max_steps=steps,
+        draft_vocab=512,
         top_k=4, steps=3, batch_size=8, learning_rate=3e-3, eval_every_s=1e9, checkpoint_every_s=1e9,
         progress_bar=False,
     )  # fmt: skip
@@ -44,15 +46,15 @@ def _settings(texts, output, minutes: float) -> TrainSettings:
 
 def test_seconds_of_training_raise_held_out_acceptance_and_resume(texts, tmp_path):
     target, tokenizer = demo_target()
-    first = train(_settings(texts, tmp_path / "run", 0.3), target, tokenizer)
+    first = train(_settings(texts, tmp_path / "run", 30), target, tokenizer)
     assert first.after.acceptance > first.before.acceptance + 0.03
     assert first.after.rates[0] > 0.1 and first.training_sequences == 64
     assert is_eagle_checkpoint(tmp_path / "run")
     report = json.loads((tmp_path / "run" / "training.json").read_text())
     assert report["steps"] == first.steps and report["vocabulary_coverage"] > 0.5
 
-    resumed = train(_settings(texts, tmp_path / "run", 0.45), target, tokenizer)
-    assert resumed.steps > first.steps and resumed.training_sequences == 64  # no new data: the data phase was done
+    resumed = train(_settings(texts, tmp_path / "run", 45), target, tokenizer)
+    assert first.steps == 30 and resumed.steps == 45 and resumed.training_sequences == 64  # no new data: the data phase was done
     head = load_head(tmp_path / "run", torch.float32)
     assert head.embed_tokens is not None  # SpecForge's layout carries the embedding
     prompt = torch.tensor(demo_prompts(1, 20, seed=99))

@@ -32,6 +32,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--generation-batch", type=int, default=DEFAULTS.generation_batch)
     p.add_argument("--held-out", type=int, default=DEFAULTS.held_out, help="held-out continuations for acceptance")
     p.add_argument("--max-sequences", type=int, default=None, help="stop generating data after this many")
+    p.add_argument("--max-steps", type=int, default=None, help="stop training after this many steps (in all)")
     p.add_argument("--draft-vocab", type=int, default=DEFAULTS.draft_vocab, help="V_d (default %(default)s)")
     p.add_argument("--top-k", type=int, default=DEFAULTS.top_k, help="target probabilities kept per position")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps, help="training-time-test steps = the γ of the "
@@ -66,6 +67,7 @@ def settings_from(args: argparse.Namespace) -> TrainSettings:
         generation_batch=args.generation_batch,
         held_out=args.held_out,
         max_sequences=args.max_sequences,
+        max_steps=args.max_steps,
         draft_vocab=args.draft_vocab,
         top_k=args.top_k,
         steps=args.steps,

@@ -1,10 +1,11 @@
 """Training data for a head: the target's own greedy continuations, its features and its next-token choices.
 
-For a batch of prompts the target continues each one greedily (plain batched decoding through this
-package's `generate`), up to `new_tokens` or its EOS. Then one forward over every prompt + continuation
-(right-padded: causal attention keeps the padding out of the real positions) keeps, per position t, the
-features f_t [3 H_t] (`drafters.eagle.features.LayerTap`) and the top-k of the target's next-token
-distribution p_t (probabilities over the full vocabulary; the head's logits are computed one row at a time).
+For a batch of prompts the target continues each one greedily, up to `new_tokens` or its EOS, and every
+forward of that decoding (the prompt pass, then one step per token) keeps, per position t, the features f_t
+[3 H_t] (`drafters.eagle.features.LayerTap`) and the top-k of the target's next-token distribution p_t
+(probabilities over the full vocabulary; the prompt's logits are computed one row at a time): the features of a
+continuation cost nothing beyond generating it (`generate_examples`). `featurize` computes the same for given
+sequences with one right-padded forward (causal attention keeps the padding out of the real positions).
 Examples are kept as plain tensors (bf16 features, int32 ids, fp16 probabilities) and saved as shards that
 `torch.load(weights_only=True)` reads back.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from assisted_backends import hf_compat
 from assisted_backends.drafters.eagle.features import LayerTap
 from assisted_backends.engine.head_on_demand import OnDemandHead
 
@@ -93,6 +95,81 @@ def make_examples(
     continuations = continue_greedily(target, prompts, new_tokens, pad_id)
     sequences = [p + c for p, c in zip(prompts, continuations)]
     return featurize(target, tap, sequences, [len(p) for p in prompts], top_k)
+
+
+@torch.inference_mode()
+def generate_examples(
+    target, tap: LayerTap, prompts: list[list[int]], new_tokens: int, pad_id: int, eos_ids: list[int], top_k: int
+) -> list[Example]:
+    """Greedy batched decoding of `prompts` (left-padded) that keeps the features and top-k choices of every fed
+    position. A row's sequence is its prompt and its continuation up to its EOS or `new_tokens` tokens, every
+    token of it fed except the last (whose features no training pair reads)."""
+    head = OnDemandHead.of(target)
+    device = target.get_input_embeddings().weight.device
+    batch, longest = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((batch, longest), pad_id, dtype=torch.long)
+    mask = torch.zeros(batch, longest, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt) :] = torch.tensor(prompt)
+        mask[row, longest - len(prompt) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = hf_compat.new_dynamic_cache(target)
+    with_cache = hf_compat.cache_kwargs(target, cache)
+    with tap.capture() as captured, head.capture(skip=True):
+        target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **with_cache)
+    features = [tap.features(captured).to(FEATURE_DTYPE).cpu()]  # [B, P, 3 H_t] per forward
+    hidden = head.captured  # [B, P, D]
+    top_ids, top_probs, last = [], [], []
+    for row in range(batch):
+        probs = torch.softmax(head.logits(hidden[row : row + 1]), dim=-1)[0]  # [P, V]
+        top = probs.topk(top_k, dim=-1)
+        top_ids.append([top.indices.to(torch.int32).cpu()])
+        top_probs.append([top.values.to(torch.float16).cpu()])
+        last.append(int(top.indices[-1, 0]))
+    tokens = [[] for _ in range(batch)]  # the continuation of each row
+    done = [False] * batch
+    next_token = torch.tensor(last, device=device)[:, None]  # [B, 1]
+    position = positions[:, -1:]
+    eos = set(eos_ids)
+    for _ in range(new_tokens):
+        if all(done):
+            break
+        for row in range(batch):
+            if not done[row]:
+                tokens[row].append(int(next_token[row, 0]))
+                done[row] = tokens[row][-1] in eos or len(tokens[row]) == new_tokens
+        mask = torch.cat([mask, torch.ones_like(next_token)], dim=1)
+        position = position + 1
+        with tap.capture() as captured:  # fed even when it is a row's last token: its choices label that position
+            logits = target(input_ids=next_token, attention_mask=mask, position_ids=position, use_cache=True,
+                            **with_cache).logits[:, -1].float()  # fmt: skip
+        features.append(tap.features(captured).to(FEATURE_DTYPE).cpu())
+        top = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
+        for row in range(batch):
+            top_ids[row].append(top.indices[row : row + 1].to(torch.int32).cpu())
+            top_probs[row].append(top.values[row : row + 1].to(torch.float16).cpu())
+        next_token = top.indices[:, :1]
+    fed = torch.cat(features, dim=1)  # [B, P + steps, 3 H_t]
+    examples = []
+    for row, prompt in enumerate(prompts):
+        length = len(prompt) + len(tokens[row])
+        begin = longest - len(prompt)
+        examples.append(
+            Example(
+                tokens=torch.tensor(prompt + tokens[row], dtype=torch.int32),
+                start=len(prompt),
+                features=fed[row, begin : begin + length],
+                top_ids=_row_tops(top_ids[row], begin, length),
+                top_probs=_row_tops(top_probs[row], begin, length),
+            )
+        )
+    return examples
+
+
+def _row_tops(parts: list[torch.Tensor], begin: int, count: int) -> torch.Tensor:
+    """One row's top-k over its real positions: the prompt pass's (from column `begin`), then one per step."""
+    return torch.cat([parts[0][begin:], *parts[1:]], dim=0)[:count]
 
 
 def save_shard(examples: list[Example], path: Path) -> None:

@@ -3,10 +3,10 @@
 Phases, within one time budget (`minutes`, counted over all sessions of a resumed run):
 1. held-out data: the target's continuations of `held_out` prompts from held-out documents;
 2. training data: continuations of training prompts, batch after batch, until `data_share` of the budget
-   (or `max_sequences`) is spent; each batch becomes a shard on disk;
+   (or `max_sequences` are made); each batch becomes a shard on disk;
 3. the draft vocabulary: the `draft_vocab` tokens the target chose most often on the training data;
 4. training: AdamW on the TTT loss (`train_draft.ttt`), the learning rate warmed up over 20 steps and
-   cosine-decayed over the training time; held-out acceptance is printed every `eval_every_s` seconds; the
+   cosine-decayed over the training time, until the budget (or `max_steps`) is spent; held-out acceptance is printed every `eval_every_s` seconds; the
    state and the exported head are written every `checkpoint_every_s` seconds and at the end.
 Held-out acceptance is teacher-forced greedy chain acceptance on the target's own continuations: α_k =
 P(draft token k agrees | tokens 1..k−1 did), E(γ) = 1 + Σ Π α_i tokens per round, α = (E − 1)/γ the
@@ -31,7 +31,7 @@ from assisted_backends.drafters.eagle.features import LayerTap
 from assisted_backends.drafters.eagle.head import Eagle3Head
 from assisted_backends.train_draft import batches, ttt
 from assisted_backends.train_draft.corpus import DEFAULT_EXTENSIONS, PromptSource, read_documents, split_documents
-from assisted_backends.train_draft.data import Example, make_examples
+from assisted_backends.train_draft.data import Example, generate_examples
 from assisted_backends.train_draft.head_init import head_config, new_head
 from assisted_backends.train_draft.store import RunDirectory
 from assisted_backends.train_draft.vocab import choose_vocabulary, coverage
@@ -52,6 +52,7 @@ class TrainSettings:
     generation_batch: int = 16
     held_out: int = 16
     max_sequences: int | None = None
+    max_steps: int | None = None
     draft_vocab: int = 8192
     top_k: int = 8
     steps: int = 4
@@ -218,6 +219,8 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
     tap = LayerTap(target, layers)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     vocab_size = int(target.get_output_embeddings().weight.shape[0])
+    eos = getattr(target.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+    eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
     bar = Progress(settings, clock)
 
     def save_progress(**extra) -> None:
@@ -232,8 +235,8 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
         prompts = list(itertools.islice(_prompts(held_docs, tokenizer, settings, settings.seed + 1, 0), settings.held_out))
         held_out = []
         for i in range(0, len(prompts), settings.generation_batch):
-            held_out += make_examples(target, tap, prompts[i : i + settings.generation_batch], settings.new_tokens,
-                                      pad_id, settings.top_k)  # fmt: skip
+            held_out += generate_examples(target, tap, prompts[i : i + settings.generation_batch],
+                                          settings.new_tokens, pad_id, eos_ids, settings.top_k)  # fmt: skip
         run.save_held_out(held_out)
         bar.say(f"held-out: {len(held_out)} continuations from {len(held_docs)} held-out documents")
     used = progress.get("prompts_used", 0)
@@ -246,7 +249,7 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
             if settings.max_sequences is not None:
                 count = min(count, settings.max_sequences - sequences)
             prompts = list(itertools.islice(source, count))
-            run.add_shard(make_examples(target, tap, prompts, settings.new_tokens, pad_id, settings.top_k))
+            run.add_shard(generate_examples(target, tap, prompts, settings.new_tokens, pad_id, eos_ids, settings.top_k))
             used, sequences = used + len(prompts), sequences + len(prompts)
             save_progress(prompts_used=used, sequences=sequences)
             bar.update("generating", sequences=sequences)
@@ -301,7 +304,7 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
                               latest=evaluation.rates if evaluation else None))  # fmt: skip
 
     loss_value = float("nan")
-    while clock.left() > 0:
+    while clock.left() > 0 and (settings.max_steps is None or step < settings.max_steps):
         batch = batches.collate(next(sampler), lookup, device, dtype)
         fraction = (clock.spent.get("train", 0.0)) / train_budget
         for group in optimizer.param_groups:

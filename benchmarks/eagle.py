@@ -4,6 +4,7 @@
     python -m benchmarks.eagle                                   # both targets, fp32, 1 and 2 threads
     python -m benchmarks.eagle --targets smollm2-135m-instruct --threads 1 --quick
     python -m benchmarks.eagle --heads smollm2-135m-instruct=/path/to/head
+    python -m benchmarks.eagle --widths --targets smollm2-135m-instruct --threads 1   # tree drafting's premise
 
 Heads come from `train-draft` (default location `<cache>/eagle_heads/<target>`, written by
 `train-draft <target> --text /usr/lib/python3.11 --extensions .py --output <that directory> --minutes 60`), trained
@@ -146,6 +147,23 @@ def measure(target_name: str, head_dir: Path, dtype: str, threads: int, task: st
     }
 
 
+def verify_widths(
+    target_name: str, dtype: str, threads: int, widths=(1, 3, 5, 8, 12, 16, 26), repeats: int = 9
+) -> dict:
+    """One target pass over w tokens on a warm cache of 160 positions, in decode steps: a tree of w nodes pays
+    only if its tokens per round exceed the chain's by the ratio of these costs (EAGLE-2's premise: a wide verify
+    pass about as cheap as a narrow one)."""
+    from benchmarks.harness import random_context
+
+    torch.set_num_threads(threads)
+    target, _ = load(target_name, DTYPES[dtype])
+    context = random_context(int(target.get_output_embeddings().weight.shape[0]), 160, seed=0)
+    seconds = {w: step_seconds(target, context, w, repeats=repeats, warmup=2) for w in widths}
+    return {"target": target_name, "dtype": dtype, "threads": threads,
+            "ms": {w: round(1000 * t, 2) for w, t in seconds.items()},
+            "decode_steps": {w: round(t / seconds[1], 2) for w, t in seconds.items()}}  # fmt: skip
+
+
 def _chat(tokenizer, text: str) -> torch.Tensor:
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                          return_tensors="pt", return_dict=True)["input_ids"]  # fmt: skip
@@ -155,7 +173,8 @@ def summary_line(r: dict) -> str:
     s = r["speedup_vs_hf_plain"]
     flag = "" if all(v for n, v in r["identical_to_hf_plain"].items()) else " | NOT IDENTICAL"
     return (
-        f"{r['target']:<22} {r['task']:<10} {r['dtype']} {r['threads']}t | {r['best_constant']} {s[r['best_constant']]:.2f}x"
+        f"{r['target']:<22} {r['task']:<10} {r['dtype']} {r['threads']}t"
+        f" | {r['best_constant']} {s[r['best_constant']]:.2f}x"
         f" | adaptive {s['eagle_adaptive']:.2f}x | +lookup {s['eagle+lookup']:.2f}x | lookup {s['ours_lookup']:.2f}x"
         f" (HF {s['hf_lookup']:.2f}x) | α {r['alpha']:.2f} E {r['tokens_per_round_E']:.2f} c {r['c']:.3f}"
         f" S_E {r['S_E']:.2f}{flag}"
@@ -173,11 +192,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gammas", nargs="+", type=int, default=[2, 3, 4])
     parser.add_argument("--quick", action="store_true", help="open-ended tasks, 32 new tokens, 2 repeats, 1 thread")
+    parser.add_argument("--widths", action="store_true", help="only the verify pass's cost by width (tree drafting)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.quick:
         args.tasks, args.new_tokens, args.repeats, args.threads = list(OPEN_TASKS), 32, 2, [1]
     warnings.filterwarnings("ignore")
+    if args.widths:
+        rows = [verify_widths(t, d, n) for d in args.dtypes for n in args.threads for t in args.targets]
+        for row in rows:
+            print(row, flush=True)
+        out = Path(args.out) if args.out else RESULTS / "eagle_verify_widths.json"
+        write_result(
+            out.stem, command_line("eagle"), {"what": verify_widths.__doc__.replace("\n", " "), "results": rows}, out
+        )
+        return
     heads = {t: default_head_dir(t) for t in args.targets} | dict(h.split("=", 1) for h in args.heads)
     missing = [f"{t}: {heads[t]}" for t in args.targets if not Path(heads[t]).is_dir()]
     if missing:
@@ -189,7 +218,9 @@ def main() -> None:
         for threads in args.threads:
             for target in args.targets:
                 for task in args.tasks:
-                    print(f"measuring {target} / {task} / {dtype} / {threads} thread(s) ...", file=sys.stderr, flush=True)
+                    print(
+                        f"measuring {target} / {task} / {dtype} / {threads} thread(s) ...", file=sys.stderr, flush=True
+                    )
                     results.append(measure(target, Path(heads[target]), dtype, threads, task, args))
                     print(summary_line(results[-1]), flush=True)
                     payload = {"what": __doc__.split("\n\n")[2].replace("\n", " "), "results": results}

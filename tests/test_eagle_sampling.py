@@ -25,7 +25,9 @@ def _prompt(seed: int, length: int = 30) -> torch.Tensor:
     return torch.tensor(demo_prompts(1, length, seed=seed))
 
 
-@pytest.mark.parametrize("warpers", [[], [TemperatureLogitsWarper(0.7), TopKLogitsWarper(20)]], ids=["plain", "T0.7-top20"])
+@pytest.mark.parametrize(
+    "warpers", [[], [TemperatureLogitsWarper(0.7), TopKLogitsWarper(20)]], ids=["plain", "T0.7-top20"]
+)
 def test_q_is_the_heads_distribution_on_the_target_vocabulary(warpers):
     target, _ = demo_target()
     head = demo_head()
@@ -72,8 +74,16 @@ def test_seeded_sampling_is_reproducible_and_uses_the_head():
     target, _ = demo_target()
     prompt = _prompt(52)
     runs = [
-        generate(target, prompt, assistant_model=demo_head(), max_new_tokens=30, do_sample=True, temperature=0.8,
-                 num_assistant_tokens=3, seed=5)  # fmt: skip
+        generate(
+            target,
+            prompt,
+            assistant_model=demo_head(),
+            max_new_tokens=30,
+            do_sample=True,
+            temperature=0.8,
+            num_assistant_tokens=3,
+            seed=5,
+        )  # fmt: skip
         for _ in range(2)
     ]
     assert torch.equal(runs[0].sequences, runs[1].sequences)

@@ -54,7 +54,9 @@ def test_seconds_of_training_raise_held_out_acceptance_and_resume(texts, tmp_pat
     assert report["steps"] == first.steps and report["vocabulary_coverage"] > 0.5
 
     resumed = train(_settings(texts, tmp_path / "run", 45), target, tokenizer)
-    assert first.steps == 30 and resumed.steps == 45 and resumed.training_sequences == 64  # no new data: the data phase was done
+    assert (
+        first.steps == 30 and resumed.steps == 45 and resumed.training_sequences == 64
+    )  # no new data: the data phase was done
     head = load_head(tmp_path / "run", torch.float32)
     assert head.embed_tokens is not None  # SpecForge's layout carries the embedding
     prompt = torch.tensor(demo_prompts(1, 20, seed=99))
@@ -72,10 +74,10 @@ def test_the_draft_vocabulary_is_the_targets_most_chosen_tokens():
 
 def test_command_line_maps_onto_settings():
     args = parser().parse_args(["smollm2-135m-instruct", "--text", "a", "b", "-o", "out", "--minutes", "60",
-                                "--no-chat", "--draft-vocab", "4096"])  # fmt: skip
+                                "--chat-share", "0.8", "--draft-vocab", "4096"])  # fmt: skip
     settings = settings_from(args)
     assert settings.target == "smollm2-135m-instruct" and settings.text == ("a", "b") and settings.minutes == 60
-    assert settings.chat is False and settings.draft_vocab == 4096 and settings.embed_tokens is True
+    assert settings.chat_share == 0.8 and settings.draft_vocab == 4096 and settings.embed_tokens is True
     help_text = subprocess.run([sys.executable, "-m", "assisted_backends.train_draft", "--help"],
                                capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert "--minutes" in help_text and "SpecForge" in help_text

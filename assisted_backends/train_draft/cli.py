@@ -25,8 +25,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", required=True, help="the run directory (holds the head, data and state)")
     p.add_argument("--minutes", type=float, default=DEFAULTS.minutes, help="the time budget over all sessions of "
                    "the run (default %(default)s)")  # fmt: skip
-    p.add_argument("--data-share", type=float, default=DEFAULTS.data_share,
-                   help="share of the budget spent generating data (default %(default)s)")
+    p.add_argument(
+        "--data-share",
+        type=float,
+        default=DEFAULTS.data_share,
+        help="share of the budget spent generating data (default %(default)s)",
+    )
     p.add_argument("--prompt-tokens", type=int, default=DEFAULTS.prompt_tokens)
     p.add_argument("--new-tokens", type=int, default=DEFAULTS.new_tokens, help="tokens the target generates per prompt")
     p.add_argument("--generation-batch", type=int, default=DEFAULTS.generation_batch)
@@ -45,8 +49,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--device", default=DEFAULTS.device, help="auto (a GPU when there is one), cpu, cuda, cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--no-chat", action="store_true", help="raw text prompts only (default: half of the prompts "
-                   "are chat turns when the tokenizer has a chat template)")  # fmt: skip
+    p.add_argument("--chat-share", type=float, default=DEFAULTS.chat_share, help="share of the prompts that are "
+                   "chat turns asking about a text window, when the tokenizer has a chat template (default "
+                   "%(default)s; 0: raw text continuation only)")  # fmt: skip
     p.add_argument("--extensions", nargs="+", default=list(DEFAULTS.extensions), help="file suffixes read from "
                    "directories")  # fmt: skip
     p.add_argument("--no-embed-tokens", action="store_true", help="leave embed_tokens out of the head (the EAGLE "
@@ -77,7 +82,7 @@ def settings_from(args: argparse.Namespace) -> TrainSettings:
         checkpoint_every_s=args.checkpoint_every,
         seed=args.seed,
         device=args.device,
-        chat=not args.no_chat,
+        chat_share=args.chat_share,
         extensions=tuple(args.extensions),
         embed_tokens=not args.no_embed_tokens,
         progress_bar=not args.no_progress,
@@ -86,10 +91,15 @@ def settings_from(args: argparse.Namespace) -> TrainSettings:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.threads is not None:
-        import torch
+    import torch
 
+    from assisted_backends.backends.cpu.affinity import busy_note
+
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
+    note = busy_note(threads=torch.get_num_threads())
+    if note is not None:
+        print(f"train-draft: note: {note}", file=sys.stderr)
     from assisted_backends.train_draft.trainer import train
 
     try:

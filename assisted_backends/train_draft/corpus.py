@@ -2,9 +2,10 @@
 held-out, and cut into prompts.
 
 A prompt is a window of about `prompt_tokens` tokens starting at a line of a document. When the target's
-tokenizer has a chat template, half of the prompts are instead a user turn that asks something about a window
-(explain it, continue it, summarise it, ...), rendered with the template up to the assistant's opener: the
-target then answers as it does in a chat, which is the text it drafts for in use. The draws are seeded.
+tokenizer has a chat template, a share `chat_share` of the prompts are instead a user turn that asks something
+about a window (explain it, continue it, summarise it, a story inspired by it, ...), rendered with the template
+up to the assistant's opener: the target then answers as it does in a chat, which is the text it drafts for in
+use. The draws are seeded.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def read_documents(paths: list[str | Path], extensions: tuple[str, ...] = DEFAUL
 
 def split_documents(documents: list[Document], held_out_share: float = 0.05) -> tuple[list[Document], list[Document]]:
     """(training, held-out), by a hash of each document's name: stable when files are added."""
+
     def held(doc: Document) -> bool:
         return int(hashlib.sha256(doc.name.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < held_out_share
 
@@ -69,12 +71,12 @@ def split_documents(documents: list[Document], held_out_share: float = 0.05) -> 
 class PromptSource:
     """Seeded prompts (token id lists) from `documents` for the target's `tokenizer`."""
 
-    def __init__(self, documents: list[Document], tokenizer, prompt_tokens: int, seed: int, chat: bool) -> None:
+    def __init__(self, documents: list[Document], tokenizer, prompt_tokens: int, seed: int, chat_share: float) -> None:
         self.documents = documents
         self.tokenizer = tokenizer
         self.prompt_tokens = prompt_tokens
         self.random = random.Random(seed)
-        self.chat = chat and getattr(tokenizer, "chat_template", None) is not None
+        self.chat_share = chat_share if getattr(tokenizer, "chat_template", None) is not None else 0.0
 
     def _window(self) -> str:
         doc = self.random.choice(self.documents)
@@ -89,7 +91,7 @@ class PromptSource:
             window = self._window()
             if not window.strip():
                 continue
-            if self.chat and self.random.random() < 0.5:
+            if self.random.random() < self.chat_share:
                 message = f"{self.random.choice(INSTRUCTIONS)}\n\n{window}"
                 ids = self.tokenizer.apply_chat_template(
                     [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True

@@ -56,7 +56,9 @@ def _final_norm_scale(target: torch.nn.Module, width: int) -> torch.Tensor | Non
     return one[0].float().cpu() if torch.allclose(one, two, rtol=1e-4, atol=1e-5) else None
 
 
-def new_head(target: torch.nn.Module, d2t: torch.Tensor, t2d: torch.Tensor, layers: tuple[int, ...], seed: int) -> Eagle3Head:
+def new_head(
+    target: torch.nn.Module, d2t: torch.Tensor, t2d: torch.Tensor, layers: tuple[int, ...], seed: int
+) -> Eagle3Head:
     """A fresh fp32 head for `target` over the draft vocabulary (d2t, t2d)."""
     torch.manual_seed(seed)
     head = Eagle3Head(head_config(target, d2t, t2d, layers))

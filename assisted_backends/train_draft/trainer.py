@@ -4,10 +4,12 @@ Phases, within one time budget (`minutes`, counted over all sessions of a resume
 1. held-out data: the target's continuations of `held_out` prompts from held-out documents;
 2. training data: continuations of training prompts, batch after batch, until `data_share` of the budget
    (or `max_sequences` are made); each batch becomes a shard on disk;
-3. the draft vocabulary: the `draft_vocab` tokens the target chose most often on the training data;
+3. the draft vocabulary: the `draft_vocab` tokens the target chose most often on the training data (fewer
+   when it chose fewer distinct tokens, at least 1024: rows no example trains are cost without use);
 4. training: AdamW on the TTT loss (`train_draft.ttt`), the learning rate warmed up over 20 steps and
-   cosine-decayed over the training time, until the budget (or `max_steps`) is spent; held-out acceptance is printed every `eval_every_s` seconds; the
-   state and the exported head are written every `checkpoint_every_s` seconds and at the end.
+   cosine-decayed over the training time, until the budget (or `max_steps`) is spent; held-out acceptance is
+   printed every `eval_every_s` seconds; the state and the exported head are written every
+   `checkpoint_every_s` seconds and at the end.
 Held-out acceptance is teacher-forced greedy chain acceptance on the target's own continuations: α_k =
 P(draft token k agrees | tokens 1..k−1 did), E(γ) = 1 + Σ Π α_i tokens per round, α = (E − 1)/γ the
 acceptance rate the package's statistics report for a constant γ.
@@ -62,7 +64,7 @@ class TrainSettings:
     checkpoint_every_s: float = 120.0
     seed: int = 0
     device: str = "auto"
-    chat: bool = True
+    chat_share: float = 0.5
     extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
     embed_tokens: bool = True
     progress_bar: bool = True
@@ -200,7 +202,7 @@ class Progress:
 
 
 def _prompts(documents, tokenizer, settings: TrainSettings, seed: int, skip: int):
-    source = iter(PromptSource(documents, tokenizer, settings.prompt_tokens, seed, settings.chat))
+    source = iter(PromptSource(documents, tokenizer, settings.prompt_tokens, seed, settings.chat_share))
     return itertools.islice(source, skip, None)
 
 
@@ -232,7 +234,9 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
     clock.phase("data")
     held_out = run.held_out()
     if held_out is None:
-        prompts = list(itertools.islice(_prompts(held_docs, tokenizer, settings, settings.seed + 1, 0), settings.held_out))
+        prompts = list(
+            itertools.islice(_prompts(held_docs, tokenizer, settings, settings.seed + 1, 0), settings.held_out)
+        )
         held_out = []
         for i in range(0, len(prompts), settings.generation_batch):
             held_out += generate_examples(target, tap, prompts[i : i + settings.generation_batch],
@@ -266,7 +270,8 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
     saved = run.load_state()
     if saved is None:
         counts = batches.token_counts(examples, vocab_size)
-        d2t, t2d = choose_vocabulary(counts, settings.draft_vocab)
+        size = min(settings.draft_vocab, max(1024, int((counts > 0).sum())))
+        d2t, t2d = choose_vocabulary(counts, size)
         head = new_head(target, d2t, t2d, layers, settings.seed)
         progress["vocabulary_coverage"] = coverage(counts, t2d)
     else:

@@ -42,7 +42,8 @@ def check_head(head: Eagle3Head, target: ModelFacts, target_hidden: int | None) 
                         f"hidden size is {target_hidden})")  # fmt: skip
     if problems:
         raise OptionError(
-            "{name} is an EAGLE-3 head trained for another target: " + "; ".join(problems)
+            "{name} is an EAGLE-3 head trained for another target: "
+            + "; ".join(problems)
             + ". Use a head trained for this model (train one with `train-draft`)",
             name="assistant_model",
         )

@@ -137,7 +137,10 @@ def save_head(
 
         save_file(state, str(directory / SAFETENSORS), metadata={"format": "pt"})
     elif layout == "eagle":
-        if target_layers is not None and head.config.feature_layers not in (None, default_feature_layers(target_layers)):
+        if target_layers is not None and head.config.feature_layers not in (
+            None,
+            default_feature_layers(target_layers),
+        ):
             raise ValueError("the EAGLE authors' layout has no field for feature layers other than the defaults")
         state.pop("embed_tokens.weight", None)
         state = {k: (v.to(torch.float16) if v.is_floating_point() else v).contiguous() for k, v in state.items()}

@@ -3,8 +3,9 @@
 Prompt lookup costs nothing to draft and is long and right where the output copies its input (an edit, a
 summary quoting its passage); the head drafts everywhere else. Each round asks the lookup first: when every
 row has a match of at least two tokens it proposes (up to `lookup_tokens`, exactly γ under static shapes),
-otherwise the head does (within the buffer's scratch space; tokens past the call's limit are never committed). The head keeps receiving the target's features on every round, so after lookup rounds
-its next proposal catches up on the columns it skipped, as after plain rounds. Sampling: a lookup proposal's q
+otherwise the head does (within the buffer's scratch space; tokens past the call's limit are never committed).
+The head keeps receiving the target's features on every round, so after lookup rounds its next proposal catches
+up on the columns it skipped, as after plain rounds. Sampling: a lookup proposal's q
 is a point mass, the head's is its own distribution; either is what the token was drawn from.
 """
 
@@ -51,7 +52,9 @@ class LookupOrHead(Drafter):
     ) -> Proposal:
         if self._every_row_matches(buffer):
             self.lookup_rounds += 1
-            count = gamma if self.static_shapes else min(max(gamma, self.lookup_tokens), buffer.capacity - buffer.length)
+            count = (
+                gamma if self.static_shapes else min(max(gamma, self.lookup_tokens), buffer.capacity - buffer.length)
+            )
             return self.lookup.propose(buffer, count, selector, generator)
         self.head_rounds += 1
         return self.head.propose(buffer, gamma, selector, generator)

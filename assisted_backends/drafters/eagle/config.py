@@ -89,7 +89,9 @@ class Eagle3Config:
         values = {name: raw[name] for name in known if raw.get(name) is not None}
         values.setdefault("num_key_value_heads", raw["num_attention_heads"])
         values.setdefault("draft_vocab_size", raw["vocab_size"])
-        return cls(**values, feature_layers=_feature_layers(raw), extra={k: v for k, v in raw.items() if k not in known})
+        return cls(
+            **values, feature_layers=_feature_layers(raw), extra={k: v for k, v in raw.items() if k not in known}
+        )
 
     @classmethod
     def from_file(cls, path: str | Path) -> Eagle3Config:

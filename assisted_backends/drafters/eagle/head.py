@@ -170,7 +170,9 @@ class Eagle3Head(nn.Module):
         """(cos, sin) [B, q, d] for position ids [B, q]."""
         return self.rotary(self.fc.weight, positions)
 
-    def forward(self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+    def forward(
+        self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
         """o [B, q, H] for the next tokens [B, q], hidden states a [B, q, H] and position ids [B, q]."""
         cos, sin = self.rotary_embedding(positions)
         return self.midlayer(self.embed(token_ids), hidden, cos, sin, attend)

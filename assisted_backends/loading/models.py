@@ -131,8 +131,8 @@ def load_arguments(model, assistant_model, tokenizer, assistant_tokenizer) -> tu
         model = load_model(model_name, "model")
     if draft_name is not None:
         assistant_model = load_model(draft_name, "assistant_model")
-    heads = is_eagle_head(assistant_model)  # an EAGLE-3 head drafts in the target's vocabulary
-    if model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None and not heads:
+    named = model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None
+    if named and not is_eagle_head(assistant_model):  # an EAGLE-3 head drafts in the target's vocabulary
         if model.get_input_embeddings().num_embeddings != assistant_model.get_input_embeddings().num_embeddings:
             tokenizer = load_tokenizer(model_name, "model")
             assistant_tokenizer = load_tokenizer(draft_name, "assistant_model")

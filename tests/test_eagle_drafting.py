@@ -152,3 +152,29 @@ def test_lookup_first_then_the_head(static):
     )  # fmt: skip
     assert torch.equal(result.sequences, reference_greedy(target, prompt, 40))
     assert result.stats.drafter == "eagle3+lookup" and result.stats.accepted > 0
+
+
+def test_rows_that_finish_early_leave_the_batch():
+    """An EOS that rows reach at different rounds: finished rows leave (dynamic layout), and the features and the
+    head's cache leave with them."""
+    target, _ = demo_target()
+    prompts = [demo_prompts(1, n, seed=70 + n)[0] for n in (14, 22, 25)]
+    longest = max(map(len, prompts))
+    ids = torch.full((3, longest), 1, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, longest - len(prompt) :] = torch.tensor(prompt)
+        mask[row, longest - len(prompt) :] = 1
+    with torch.inference_mode():
+        plain = target.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=1)
+    eos = int(plain[0, longest + 8])  # a token row 0 writes after a few steps: rows end at different rounds
+    with torch.inference_mode():
+        expected = target.generate(
+            ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=1, eos_token_id=eos
+        )
+    result = generate(
+        target, ids, attention_mask=mask, assistant_model=demo_head(), max_new_tokens=30, num_assistant_tokens=3,
+        pad_token_id=1, eos_token_id=eos,
+    )  # fmt: skip
+    assert torch.equal(result.sequences, expected)
+    assert len({row.new_tokens for row in result.stats.rows}) > 1  # rows did end at different lengths

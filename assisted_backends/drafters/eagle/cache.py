@@ -9,6 +9,8 @@ a fixed-shape mask (bounded shapes, rule 8), otherwise only the columns written 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from assisted_backends.engine.realign import RowMove
@@ -32,7 +34,7 @@ class HeadCache:
     def capacity(self) -> int:
         return self.keys.shape[2]
 
-    def attend_at(self, start: int) -> callable:
+    def attend_at(self, start: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         """The `Attend` for a forward whose first column is `start`: writes the new keys and values at
         [start, start + q) and attends each query column j to the columns c ≤ j of its row outside the left
         padding (and always to itself, so no row is fully masked)."""

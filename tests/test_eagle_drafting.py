@@ -178,3 +178,23 @@ def test_rows_that_finish_early_leave_the_batch():
     )  # fmt: skip
     assert torch.equal(result.sequences, expected)
     assert len({row.new_tokens for row in result.stats.rows}) > 1  # rows did end at different lengths
+
+
+def test_a_target_whose_forward_hands_nothing_over_stops_the_draft_not_the_call(monkeypatch):
+    """A forward that runs no hooks (a captured graph's replay) leaves the head without features: drafting stops
+    for the rest of the call, which goes on with plain rounds and the target's tokens."""
+    from assisted_backends.drafters.eagle import features
+
+    target, _ = demo_target()
+    head = demo_head()  # trained before the hooks go
+    monkeypatch.setattr(features.LayerTap, "capture", _no_hooks)
+    prompt = _demo_prompt(81)
+    result = generate(target, prompt, assistant_model=head, max_new_tokens=20, num_assistant_tokens=3)
+    assert torch.equal(result.sequences, reference_greedy(target, prompt, 20))
+    assert result.stats.drafted == 0 and "hooks" in result.stats.drafting_stopped
+
+
+def _no_hooks(self):
+    from contextlib import nullcontext
+
+    return nullcontext({})

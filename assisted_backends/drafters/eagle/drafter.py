@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from assisted_backends.drafters.base import Drafter, Proposal
+from assisted_backends.drafters.base import Drafter, Proposal, fill_proposal
 from assisted_backends.drafters.eagle.cache import HeadCache
 from assisted_backends.drafters.eagle.features import FeatureStore
 from assisted_backends.drafters.eagle.head import Eagle3Head
@@ -93,6 +93,8 @@ class EagleDrafter(Drafter):
 
     def prefill(self, buffer: TokenBuffer) -> None:
         """Allocate the head's cache and run it over the committed columns the target has features for."""
+        if self.store.missing is not None:
+            return
         weight = self.head.fc.weight
         self.cache = HeadCache(
             buffer.ids.shape[0], self.head.config.num_key_value_heads, self.head.config.attention_head_dim,
@@ -107,6 +109,11 @@ class EagleDrafter(Drafter):
     def propose(
         self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
     ) -> Proposal:
+        if self.store.missing is not None:  # no features: the draft stops, the call goes on (it only changes speed)
+            self.stopped = f"drafting stopped after {buffer.length} columns: {self.store.missing}"
+            if not self.static_shapes:
+                return Proposal(0)
+            return fill_proposal(buffer, [0] * buffer.ids.shape[0], gamma, self.vocab_size, selector.do_sample)
         length = buffer.length  # L
         if self.target.length < length - 1:
             raise RuntimeError(f"the target has features for {self.target.length} columns, the head needs {length - 1}")

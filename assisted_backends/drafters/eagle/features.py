@@ -72,6 +72,7 @@ class FeatureStore:
         self.tap = tap
         self.capacity = capacity
         self.values: torch.Tensor | None = None
+        self.missing: str | None = None  # why a forward handed nothing over (a graph replay runs no hooks)
 
     def _reserve(self, features: torch.Tensor, end: int) -> torch.Tensor:
         values = self.values
@@ -89,6 +90,9 @@ class FeatureStore:
         """Around one target forward that feeds columns [start, start + q): keep their features."""
         with self.tap.capture() as captured:
             yield
+        if len(captured) < len(set(self.tap.layers)):
+            self.missing = "the target's forward ran without its decoder layers' hooks (a captured graph?)"
+            return
         features = self.tap.features(captured)  # [B, q, 3 H_t]
         end = start + features.shape[1]
         self._reserve(features, end)[:, start:end] = features

@@ -232,3 +232,11 @@ def test_a_hub_id_whose_snapshot_is_cached_loads_as_a_head(tmp_path, monkeypatch
     head = models.load_model("someone/tiny-eagle3", "assistant_model")
     assert type(head).__name__ == "Eagle3Head" and head.embed_tokens is not None
     assert models.load_tokenizer("someone/tiny-eagle3", "assistant_model") is None
+
+
+def test_the_targets_embedding_never_becomes_part_of_the_head():
+    target = _target()
+    head = random_head(target)
+    head.use_target_embedding(target.get_input_embeddings().weight)  # an nn.Parameter
+    assert "_target_embedding" not in head.state_dict() and all(p is not None for p in head.parameters())
+    assert sum(p.numel() for p in head.parameters()) == head.body_parameters()

@@ -145,8 +145,9 @@ class Eagle3Head(nn.Module):
     # --- inputs ---------------------------------------------------------------------------------------------
 
     def use_target_embedding(self, weight: torch.Tensor | None) -> None:
-        """Embed tokens with the target's input embedding [V, H] (the EAGLE authors' layout ships none)."""
-        self._target_embedding = weight
+        """Embed tokens with the target's input embedding [V, H] (the EAGLE authors' layout ships none). Kept as a
+        plain tensor, never registered: it is the target's, not part of the head's state or its training."""
+        self.__dict__["_target_embedding"] = weight.detach() if weight is not None else None
 
     def embedding_weight(self) -> torch.Tensor:
         if self.embed_tokens is not None:

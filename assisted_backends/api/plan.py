@@ -15,6 +15,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from assisted_backends.backends.base import Backend, PaddingPolicy
+from assisted_backends.drafters.eagle.build import target_hidden_size
 from assisted_backends.drafters.factory import DraftSpec, plan_drafting
 from assisted_backends.engine.kv_cache import bucketed
 from assisted_backends.engine.schedule import ScheduleSpec, choose_schedule
@@ -147,7 +148,7 @@ def plan_generation(
     ranges.check_drafting({"assistant_model": assistant_model, **vars(fields)})
     draft = plan_drafting(
         facts, assistant_model, draft_facts, tokenizer, assistant_tokenizer,
-        fields.prompt_lookup_num_tokens, fields.assistant_early_exit,
+        fields.prompt_lookup_num_tokens, fields.assistant_early_exit, target_hidden_size(model),
     )  # fmt: skip
     padding = backend.padding(settings.static_shapes)
     static = padding.static_shapes

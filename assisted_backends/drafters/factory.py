@@ -6,6 +6,7 @@
   one per row in a batch (`any_pair.rowwise`).
 - `prompt_lookup_num_tokens`: `PromptLookupDrafter` (n-gram lookup in the context, no draft model).
 - `assistant_early_exit=N`: the target's first N layers and its own head (`early_exit`).
+- `assistant_model` an EAGLE-3 head (`drafters.eagle`): it reads the target's hidden states.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ from assisted_backends.drafters.any_pair.rowwise import RowwiseDrafter
 from assisted_backends.drafters.any_pair.token_bytes import codec_for
 from assisted_backends.drafters.base import Drafter
 from assisted_backends.drafters.draft_model import DraftLimits, ModelDrafter
+from assisted_backends.drafters.eagle import build as eagle
+from assisted_backends.drafters.eagle.combined import LookupOrHead
 from assisted_backends.drafters.early_exit import EarlyExitDrafter, early_exit_view
 from assisted_backends.drafters.prompt_lookup import PromptLookupDrafter
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options.errors import OptionError
 
-DraftKind = Literal["none", "draft_model", "translated", "prompt_lookup", "early_exit"]
+DraftKind = Literal["none", "draft_model", "translated", "prompt_lookup", "early_exit", "eagle"]
 RunnerFactory = Callable[..., ModelRunner]  # (model, rows=None, limit=None): a runner over those batch rows
 
 
@@ -55,6 +58,7 @@ class DraftSpec:
     prompt_pass_ratio: float = 0.0
     position_limit: int | None = None
     key_limit: int | None = None
+    combined_lookup: int | None = None  # an EAGLE head with prompt lookup first (`drafters.eagle.combined`)
 
     @property
     def speculates(self) -> bool:
@@ -77,8 +81,14 @@ def plan_drafting(
     assistant_tokenizer: Any,
     lookup_tokens: int | None,
     exit_layers: int | None,
+    target_hidden: int | None = None,
 ) -> DraftSpec:
-    """The `DraftSpec` for what the caller asked (one way of drafting at most: `options.ranges`)."""
+    """The `DraftSpec` for what the caller asked (one way of drafting at most: `options.ranges`, or an EAGLE head
+    and prompt lookup); `target_hidden`: the target's hidden size (an EAGLE head's features must have it)."""
+    if eagle.is_eagle_head(assistant_model):
+        eagle.check_head(assistant_model, target, target_hidden)
+        costs = eagle.draft_costs(assistant_model, target)
+        return DraftSpec("eagle", assistant_model, combined_lookup=lookup_tokens, **costs)
     if lookup_tokens is not None:
         return DraftSpec("prompt_lookup", lookup_tokens=lookup_tokens, cost_ratio=0.0)
     if exit_layers is not None:
@@ -140,6 +150,11 @@ def build_drafter(
     `rowwise`: a draft of another tokenizer drafts row by row even for one row (a queue's slots take new rows)."""
     if spec.kind == "prompt_lookup":
         return PromptLookupDrafter(vocab_size, fixed_length=static_shapes)
+    if spec.kind == "eagle":
+        drafter = eagle.build_eagle_drafter(spec.assistant_model, target_runner, static_shapes, vocab_size)
+        if spec.combined_lookup is None:
+            return drafter
+        return LookupOrHead(drafter, spec.combined_lookup, vocab_size, static_shapes)
     if spec.kind == "early_exit":
         view = make_runner(early_exit_view(target_runner.model, spec.exit_layers), limit=target_runner.position_limit)
         return EarlyExitDrafter(view, target_runner, spec.exit_layers)

@@ -49,6 +49,7 @@ class ModelRunner:
         self._pass_cache_position = hf_compat.forward_accepts(model, "cache_position")
         self._keep_last = hf_compat.logits_to_keep_kwargs(model, 1)
         self.head = OnDemandHead.of(model) if head_on_demand else None
+        self.feature_tap = None  # a drafter reading hidden states (`drafters.eagle`): `.capture(start)` per forward
 
     @property
     def head_ready(self) -> bool:
@@ -85,7 +86,8 @@ class ModelRunner:
         cache, mask = hf_compat.model_inputs(self.layout.cache, mask, query_length)
         checking = last_only and self.head is not None and self.head.checked() is None
         capture = self.head.capture(skip=hidden_only) if (hidden_only or checking) else nullcontext()
-        with torch.inference_mode(), capture:
+        features = self.feature_tap.capture(start) if self.feature_tap is not None else nullcontext()
+        with torch.inference_mode(), capture, features:
             output = self.model(
                 input_ids=tokens,
                 attention_mask=mask,

@@ -1,5 +1,8 @@
 """The one loader: a saved model directory, a `.gguf` file (or a directory holding one), or a Hub id.
 
+A directory holding an EAGLE-3 head (`drafters.eagle.checkpoint`: `fc.weight` and `midlayer.*` tensors, in
+either published layout) loads as an `Eagle3Head`; it has no tokenizer of its own (it drafts in its target's).
+
 Local files first: a Hub id is looked up in the local cache, and downloaded only when it is not there and
 the Hub is reachable (never when `HF_HUB_OFFLINE=1`). Every failure is one line naming the argument
 (`ModelFileError`), never a traceback from inside transformers.
@@ -14,6 +17,8 @@ from pathlib import Path
 
 from assisted_backends import hf_compat
 from assisted_backends.backends.base import DTYPES
+from assisted_backends.drafters.eagle.build import is_eagle_head
+from assisted_backends.drafters.eagle.checkpoint import is_eagle_checkpoint, load_head
 from assisted_backends.loading import files
 from assisted_backends.loading.files import ModelFileError
 
@@ -32,6 +37,32 @@ def _offline(name: str, what: str) -> ModelFileError:
     )
 
 
+def eagle_directory(resolved: str) -> str | None:
+    """The local directory of the EAGLE-3 head `resolved` names (a directory, or a Hub id whose snapshot is in the
+    local cache or, when the Hub is reachable and its config.json describes a one-layer head, downloaded), or None
+    when it names something else."""
+    if Path(resolved).is_dir() or Path(resolved).expanduser().exists():
+        return resolved if is_eagle_checkpoint(resolved) else None
+    if resolved.count("/") != 1:
+        return None
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "pytorch_model.bin"]
+    try:
+        folder = snapshot_download(resolved, local_files_only=True, allow_patterns=patterns)
+    except Exception:  # noqa: BLE001 - not in the local cache (or not a repository): ask the Hub, if allowed
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            return None
+        try:
+            config = json.loads(Path(hf_hub_download(resolved, "config.json")).read_text())
+            if config.get("num_hidden_layers") != 1 and "draft_vocab_size" not in config:
+                return None
+            folder = snapshot_download(resolved, allow_patterns=patterns)
+        except Exception:  # noqa: BLE001 - unreachable or unknown: the ordinary loader reports it
+            return None
+    return folder if is_eagle_checkpoint(folder) else None
+
+
 def load_model(name: str | os.PathLike, what: str = "model", precision: str | None = None):
     """The model `name` stands for, in eval mode, local files first.
 
@@ -48,6 +79,9 @@ def load_model(name: str | os.PathLike, what: str = "model", precision: str | No
 
         return load_gguf_quantized(gguf, scheme=precision or "file", tokenizer=False).model.eval()
     resolved = resolve(str(name), what)
+    head_dir = eagle_directory(resolved)
+    if head_dir is not None:
+        return load_head(head_dir, DTYPES.get(precision))
     kwargs = hf_compat.dtype_kwargs(DTYPES.get(precision))  # `dtype=` or, before transformers 4.56, `torch_dtype=`
     try:
         return AutoModelForCausalLM.from_pretrained(resolved, local_files_only=True, **kwargs).eval()
@@ -63,7 +97,8 @@ def load_model(name: str | os.PathLike, what: str = "model", precision: str | No
 
 
 def load_tokenizer(name: str | os.PathLike, what: str = "model"):
-    """`AutoTokenizer.from_pretrained`, local files first; a `.gguf` file's from its own cache entry."""
+    """`AutoTokenizer.from_pretrained`, local files first; a `.gguf` file's from its own cache entry; None for an
+    EAGLE-3 head (it uses its target's)."""
     from transformers import AutoTokenizer
 
     gguf = files.find_gguf(name, what)
@@ -73,6 +108,8 @@ def load_tokenizer(name: str | os.PathLike, what: str = "model"):
 
         return load_gguf_tokenizer(gguf)
     resolved = resolve(str(name), what)
+    if eagle_directory(resolved) is not None:
+        return None
     try:
         return AutoTokenizer.from_pretrained(resolved, local_files_only=True)
     except (OSError, ValueError):
@@ -115,7 +152,8 @@ def load_arguments(
         model = load_model(model_name, "model", dtype)
     if draft_name is not None:
         assistant_model = load_model(draft_name, "assistant_model", draft_precision or dtype)
-    if model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None:
+    named = model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None
+    if named and not is_eagle_head(assistant_model):  # an EAGLE-3 head drafts in the target's vocabulary
         if model.get_input_embeddings().num_embeddings != assistant_model.get_input_embeddings().num_embeddings:
             tokenizer = load_tokenizer(model_name, "model")
             assistant_tokenizer = load_tokenizer(draft_name, "assistant_model")

@@ -56,6 +56,10 @@ def check_sampling(
 def check_drafting(given: Mapping[str, Any]) -> None:
     """At most one way of drafting among `given` (option -> value, None: not given); counts in range."""
     chosen = [name for name in DRAFTING_OPTIONS if given.get(name) is not None]
+    if set(chosen) == {"assistant_model", "prompt_lookup_num_tokens"} and getattr(
+        given["assistant_model"], "takes_prompt_lookup", False
+    ):
+        chosen = ["assistant_model"]  # an EAGLE-3 head: a lookup match when there is one, the head otherwise
     if len(chosen) > 1:
         placeholders = {f"d{i}": name for i, name in enumerate(chosen)}
         listed = " and ".join("{" + key + "}" for key in placeholders)

@@ -1,0 +1,66 @@
+"""`LookupOrHead`: a prompt-lookup match when there is one, the EAGLE-3 head otherwise.
+
+Prompt lookup costs nothing to draft and is long and right where the output copies its input (an edit, a
+summary quoting its passage); the head drafts everywhere else. Each round asks the lookup first: when every
+row has a match of at least two tokens it proposes (up to `lookup_tokens`, exactly γ under static shapes),
+otherwise the head does (within the buffer's scratch space; tokens past the call's limit are never committed).
+The head keeps receiving the target's features on every round, so after lookup rounds its next proposal catches
+up on the columns it skipped, as after plain rounds. Sampling: a lookup proposal's q
+is a point mass, the head's is its own distribution; either is what the token was drawn from.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from assisted_backends.drafters.base import Drafter, Proposal
+from assisted_backends.drafters.eagle.drafter import EagleDrafter
+from assisted_backends.drafters.prompt_lookup import PromptLookupDrafter, lookup
+from assisted_backends.engine.realign import RowMove
+from assisted_backends.engine.sampling import TokenSelector
+from assisted_backends.engine.tokens import TokenBuffer
+
+
+class LookupOrHead(Drafter):
+    name = "eagle3+lookup"
+
+    def __init__(self, head: EagleDrafter, lookup_tokens: int, vocab_size: int, static_shapes: bool) -> None:
+        self.head = head
+        self.lookup = PromptLookupDrafter(vocab_size, fixed_length=static_shapes)
+        self.lookup_tokens = lookup_tokens
+        self.static_shapes = static_shapes
+        self.lookup_rounds = 0
+        self.head_rounds = 0
+
+    @property
+    def forward_count(self) -> int:
+        return self.head.forward_count
+
+    def prefill(self, buffer: TokenBuffer) -> None:
+        self.head.prefill(buffer)
+
+    def _every_row_matches(self, buffer: TokenBuffer) -> bool:
+        rows = buffer.row_starts()
+        starts = rows.starts if rows is not None else [0]
+        return all(
+            lookup(buffer.ids[b, first : buffer.length], self.lookup.max_ngram, 1, self.lookup.min_ngram).numel() > 0
+            for b, first in enumerate(starts)
+        )
+
+    def propose(
+        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
+    ) -> Proposal:
+        if self._every_row_matches(buffer):
+            self.lookup_rounds += 1
+            count = (
+                gamma if self.static_shapes else min(max(gamma, self.lookup_tokens), buffer.capacity - buffer.length)
+            )
+            return self.lookup.propose(buffer, count, selector, generator)
+        self.head_rounds += 1
+        return self.head.propose(buffer, gamma, selector, generator)
+
+    def rollback(self, buffer: TokenBuffer) -> None:
+        self.head.rollback(buffer)
+
+    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
+        self.head.move_rows(move, buffer)

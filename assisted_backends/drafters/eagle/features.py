@@ -1,0 +1,103 @@
+"""Reading the target's hidden states where it computes them: forward hooks on its decoder layers.
+
+`LayerTap` keeps the residual stream entering three decoder layers (index k = L: the last layer's output)
+during one forward, and concatenates them low, middle, high: the [B, q, 3 H_t] features of the fed
+positions. `FeatureStore` is the hand-over to the drafter: the target's `ModelRunner` enters
+`store.capture(start)` around each of its forwards (prefill, plain steps and verify passes alike), and the
+features of the fed columns land at those columns of a [B, capacity, 3 H_t] tensor. Only columns the target
+keeps are ever read (a verify pass's rejected columns are overwritten by its next pass), so the verify pass
+hands over the accepted positions, and the rollback of the target is the store's rollback too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from assisted_backends.drafters.early_exit import decoder_layers_path
+from assisted_backends.engine.realign import RowMove
+
+
+class LayerTap:
+    """Hooks that capture the inputs of `layers` (three indices in [0, L]) of `model`'s decoder layers."""
+
+    def __init__(self, model: torch.nn.Module, layers: tuple[int, ...]) -> None:
+        self.decoder_layers = model.get_submodule(decoder_layers_path(model))
+        self.depth = len(self.decoder_layers)
+        self.layers = tuple(layers)
+        if any(not 0 <= k <= self.depth for k in self.layers):
+            raise ValueError(f"feature layers {list(self.layers)} outside the target's 0..{self.depth}")
+
+    @contextmanager
+    def capture(self) -> Iterator[dict[int, torch.Tensor]]:
+        """Within the block, forwards of the model fill the yielded dict {layer index: [B, q, H_t]}."""
+        captured: dict[int, torch.Tensor] = {}
+        handles = []
+        for k in sorted(set(self.layers)):
+            if k < self.depth:
+
+                def before(_module, args, kwargs, k=k):
+                    captured[k] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+
+                handles.append(self.decoder_layers[k].register_forward_pre_hook(before, with_kwargs=True))
+            else:
+
+                def after(_module, _args, output, k=k):
+                    captured[k] = output[0] if isinstance(output, (tuple, list)) else output
+
+                handles.append(self.decoder_layers[self.depth - 1].register_forward_hook(after))
+        try:
+            yield captured
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def features(self, captured: dict[int, torch.Tensor]) -> torch.Tensor:
+        """[B, q, 3 H_t]: the captured states, low, middle, high."""
+        missing = [k for k in self.layers if k not in captured]
+        if missing:
+            raise RuntimeError(f"the target's forward did not run decoder layers {missing}: no features to hand over")
+        return torch.cat([captured[k] for k in self.layers], dim=-1)
+
+
+class FeatureStore:
+    """The target's features by buffer column: `values` [B, columns, 3 H_t], written by the target's runner.
+
+    Allocated at the first forward (its rows are the batch) and grown by doubling when a forward writes past
+    its end (a static cache's capacity is known up front: `capacity`)."""
+
+    def __init__(self, tap: LayerTap, capacity: int = 0) -> None:
+        self.tap = tap
+        self.capacity = capacity
+        self.values: torch.Tensor | None = None
+        self.missing: str | None = None  # why a forward handed nothing over (a graph replay runs no hooks)
+
+    def _reserve(self, features: torch.Tensor, end: int) -> torch.Tensor:
+        values = self.values
+        if values is None or values.shape[0] != features.shape[0]:
+            columns = max(end, self.capacity)
+            self.values = features.new_zeros(features.shape[0], columns, features.shape[2])
+        elif end > values.shape[1]:
+            grown = values.new_zeros(values.shape[0], max(end, 2 * values.shape[1]), values.shape[2])
+            grown[:, : values.shape[1]] = values
+            self.values = grown
+        return self.values
+
+    @contextmanager
+    def capture(self, start: int) -> Iterator[None]:
+        """Around one target forward that feeds columns [start, start + q): keep their features."""
+        with self.tap.capture() as captured:
+            yield
+        if len(captured) < len(set(self.tap.layers)):
+            self.missing = "the target's forward ran without its decoder layers' hooks (a captured graph?)"
+            return
+        features = self.tap.features(captured)  # [B, q, 3 H_t]
+        end = start + features.shape[1]
+        self._reserve(features, end)[:, start:end] = features
+
+    def move_rows(self, move: RowMove) -> None:
+        """Batches (`engine.realign`): the rows moved; their features move with them."""
+        if self.values is not None:
+            self.values = move.apply(self.values, seq_dim=1)

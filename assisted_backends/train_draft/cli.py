@@ -1,0 +1,110 @@
+"""`train-draft` (and `python -m assisted_backends.train_draft`): flags map one to one onto `TrainSettings`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from assisted_backends.train_draft.trainer import TrainSettings
+
+DEFAULTS = TrainSettings(target="", text=(), output="")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="train-draft",
+        description="Train an EAGLE-3 head for a target model from local text (the target's own greedy "
+        "continuations of prompts cut from the text), within a time budget; the output directory is a head in "
+        "SpecForge's layout that `--assistant-model DIR` / `assistant_model=DIR` loads. Runs again on the same "
+        "--output resume it.",
+    )
+    p.add_argument("target", help="the target: a model directory, a .gguf file, a Hub id or a real-model name "
+                   "(smollm2-135m-instruct, gemma-3-270m)")  # fmt: skip
+    p.add_argument("--text", nargs="+", required=True, help="files or directories of local text (not your "
+                   "evaluation prompts)")  # fmt: skip
+    p.add_argument("--output", "-o", required=True, help="the run directory (holds the head, data and state)")
+    p.add_argument("--minutes", type=float, default=DEFAULTS.minutes, help="the time budget over all sessions of "
+                   "the run (default %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--data-share",
+        type=float,
+        default=DEFAULTS.data_share,
+        help="share of the budget spent generating data (default %(default)s)",
+    )
+    p.add_argument("--prompt-tokens", type=int, default=DEFAULTS.prompt_tokens)
+    p.add_argument("--new-tokens", type=int, default=DEFAULTS.new_tokens, help="tokens the target generates per prompt")
+    p.add_argument("--generation-batch", type=int, default=DEFAULTS.generation_batch)
+    p.add_argument("--held-out", type=int, default=DEFAULTS.held_out, help="held-out continuations for acceptance")
+    p.add_argument("--max-sequences", type=int, default=None, help="stop generating data after this many")
+    p.add_argument("--max-steps", type=int, default=None, help="stop training after this many steps (in all)")
+    p.add_argument("--draft-vocab", type=int, default=DEFAULTS.draft_vocab, help="V_d (default %(default)s)")
+    p.add_argument("--top-k", type=int, default=DEFAULTS.top_k, help="target probabilities kept per position")
+    p.add_argument("--steps", type=int, default=DEFAULTS.steps, help="training-time-test steps = the γ of the "
+                   "acceptance printed (default %(default)s)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
+    p.add_argument("--learning-rate", type=float, default=DEFAULTS.learning_rate)
+    p.add_argument("--eval-every", type=float, default=DEFAULTS.eval_every_s, help="seconds between held-out checks")
+    p.add_argument("--checkpoint-every", type=float, default=DEFAULTS.checkpoint_every_s, help="seconds between "
+                   "checkpoints")  # fmt: skip
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    p.add_argument("--device", default=DEFAULTS.device, help="auto (a GPU when there is one), cpu, cuda, cuda:N")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--chat-share", type=float, default=DEFAULTS.chat_share, help="share of the prompts that are "
+                   "chat turns asking about a text window, when the tokenizer has a chat template (default "
+                   "%(default)s; 0: raw text continuation only)")  # fmt: skip
+    p.add_argument("--extensions", nargs="+", default=list(DEFAULTS.extensions), help="file suffixes read from "
+                   "directories")  # fmt: skip
+    p.add_argument("--no-embed-tokens", action="store_true", help="leave embed_tokens out of the head (the EAGLE "
+                   "authors' convention: the target's embedding is used); smaller files")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> TrainSettings:
+    return TrainSettings(
+        target=args.target,
+        text=tuple(args.text),
+        output=args.output,
+        minutes=args.minutes,
+        data_share=args.data_share,
+        prompt_tokens=args.prompt_tokens,
+        new_tokens=args.new_tokens,
+        generation_batch=args.generation_batch,
+        held_out=args.held_out,
+        max_sequences=args.max_sequences,
+        max_steps=args.max_steps,
+        draft_vocab=args.draft_vocab,
+        top_k=args.top_k,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        eval_every_s=args.eval_every,
+        checkpoint_every_s=args.checkpoint_every,
+        seed=args.seed,
+        device=args.device,
+        chat_share=args.chat_share,
+        extensions=tuple(args.extensions),
+        embed_tokens=not args.no_embed_tokens,
+        progress_bar=not args.no_progress,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    import torch
+
+    from assisted_backends.backends.cpu.affinity import busy_note
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    note = busy_note(threads=torch.get_num_threads())
+    if note is not None:
+        print(f"train-draft: note: {note}", file=sys.stderr)
+    from assisted_backends.train_draft.trainer import train
+
+    try:
+        train(settings_from(args))
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        print(f"train-draft: error: {error}", file=sys.stderr)
+        return 2
+    return 0

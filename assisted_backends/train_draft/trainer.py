@@ -1,0 +1,341 @@
+"""`train`: one run of `train-draft`, from local text to an EAGLE-3 head in SpecForge's layout.
+
+Phases, within one time budget (`minutes`, counted over all sessions of a resumed run):
+1. held-out data: the target's continuations of `held_out` prompts from held-out documents;
+2. training data: continuations of training prompts, batch after batch, until `data_share` of the budget
+   (or `max_sequences` are made); each batch becomes a shard on disk;
+3. the draft vocabulary: the `draft_vocab` tokens the target chose most often on the training data (fewer
+   when it chose fewer distinct tokens, at least 1024: rows no example trains are cost without use);
+4. training: AdamW on the TTT loss (`train_draft.ttt`), the learning rate warmed up over 20 steps and
+   cosine-decayed over the training time, until the budget (or `max_steps`) is spent; held-out acceptance is
+   printed every `eval_every_s` seconds; the state and the exported head are written every
+   `checkpoint_every_s` seconds and at the end.
+Held-out acceptance is teacher-forced greedy chain acceptance on the target's own continuations: α_k =
+P(draft token k agrees | tokens 1..k−1 did), E(γ) = 1 + Σ Π α_i tokens per round, α = (E − 1)/γ the
+acceptance rate the package's statistics report for a constant γ.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from assisted_backends import hf_compat
+from assisted_backends.drafters.eagle.checkpoint import save_head
+from assisted_backends.drafters.eagle.config import default_feature_layers
+from assisted_backends.drafters.eagle.features import LayerTap
+from assisted_backends.drafters.eagle.head import Eagle3Head
+from assisted_backends.train_draft import batches, ttt
+from assisted_backends.train_draft.corpus import DEFAULT_EXTENSIONS, PromptSource, read_documents, split_documents
+from assisted_backends.train_draft.data import Example, generate_examples
+from assisted_backends.train_draft.head_init import head_config, new_head
+from assisted_backends.train_draft.store import RunDirectory
+from assisted_backends.train_draft.vocab import choose_vocabulary, coverage
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """One run. `target`: a model directory, a .gguf, a Hub id or a real-model name (`loading.real_weights`);
+    `text`: files or directories of local text; `output`: the run directory (resumed when it holds a run)."""
+
+    target: str
+    text: tuple[str, ...]
+    output: str
+    minutes: float = 10.0
+    data_share: float = 0.5
+    prompt_tokens: int = 96
+    new_tokens: int = 96
+    generation_batch: int = 16
+    held_out: int = 16
+    max_sequences: int | None = None
+    max_steps: int | None = None
+    draft_vocab: int = 8192
+    top_k: int = 8
+    steps: int = 4
+    batch_size: int = 8
+    learning_rate: float = 1e-3
+    eval_every_s: float = 60.0
+    checkpoint_every_s: float = 120.0
+    seed: int = 0
+    device: str = "auto"
+    chat_share: float = 0.5
+    extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
+    embed_tokens: bool = True
+    progress_bar: bool = True
+
+
+@dataclass
+class Evaluation:
+    rates: list[float]  # α_1 .. α_K
+    gamma: int
+
+    @property
+    def tokens_per_round(self) -> float:
+        return ttt.expected_tokens(self.rates, self.gamma)
+
+    @property
+    def acceptance(self) -> float:
+        return (self.tokens_per_round - 1.0) / self.gamma
+
+    def line(self) -> str:
+        per_step = " ".join(f"{r:.2f}" for r in self.rates)
+        return f"α {self.acceptance:.3f}, E(γ={self.gamma}) {self.tokens_per_round:.2f}, α_k [{per_step}]"
+
+
+@dataclass
+class TrainResult:
+    output: Path
+    before: Evaluation
+    after: Evaluation
+    steps: int
+    training_sequences: int
+    history: list[dict] = field(default_factory=list)
+
+
+def choose_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_target(name: str, device: torch.device):
+    """(target in eval mode, tokenizer): fp32 on a CPU, bf16 on a GPU."""
+    from assisted_backends.loading import models, real_weights
+
+    path = str(real_weights.real_model_dir(name)) if name in real_weights.REAL_MODELS else name
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    target = models.load_model(path, "target", dtype).to(device).eval()
+    return target, models.load_tokenizer(path, "target")
+
+
+class Clock:
+    """Seconds spent per phase, carried over from earlier sessions of the run."""
+
+    def __init__(self, total_s: float, spent: dict[str, float]) -> None:
+        self.total_s = total_s
+        self.spent = dict(spent)
+        self._phase, self._since = None, time.perf_counter()
+
+    def phase(self, name: str) -> None:
+        self._charge()
+        self._phase = name
+
+    def _charge(self) -> None:
+        now = time.perf_counter()
+        if self._phase is not None:
+            self.spent[self._phase] = self.spent.get(self._phase, 0.0) + now - self._since
+        self._since = now
+
+    def elapsed(self) -> float:
+        self._charge()
+        return sum(self.spent.values())
+
+    def left(self) -> float:
+        return self.total_s - self.elapsed()
+
+
+def evaluate(head: Eagle3Head, examples: list[Example], lookup: torch.Tensor, steps: int, device, dtype) -> Evaluation:
+    """Teacher-forced chain acceptance on `examples` (see the module docstring)."""
+    was_training = head.training
+    head.eval()
+    results = []
+    with torch.no_grad():
+        for chunk in range(0, len(examples), 8):
+            batch = batches.collate(examples[chunk : chunk + 8], lookup, device, dtype)
+            results.append((ttt.unroll(head, batch, steps), batch.starts))
+    head.train(was_training)
+    tried = [0] * steps
+    kept = [0] * steps
+    for result, starts in results:
+        anchors = result.valid[0]
+        generated = torch.arange(anchors.shape[1], device=anchors.device)[None, :] + 1 >= starts[:, None]
+        alive = anchors & generated
+        for k, (agree, valid) in enumerate(zip(result.agreed, result.valid)):
+            alive = alive & valid
+            tried[k] += int(alive.sum())
+            alive = alive & agree
+            kept[k] += int(alive.sum())
+    return Evaluation([kept[k] / tried[k] if tried[k] else 0.0 for k in range(steps)], steps)
+
+
+def _learning_rate(settings: TrainSettings, step: int, fraction: float) -> float:
+    warmup = min(1.0, (step + 1) / 20)
+    return settings.learning_rate * warmup * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(fraction, 1.0))))
+
+
+class Progress:
+    """A tqdm bar over the budget's seconds (stderr), or plain lines when it is off."""
+
+    def __init__(self, settings: TrainSettings, clock: Clock) -> None:
+        self.clock = clock
+        self.bar = None
+        if settings.progress_bar:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=round(clock.total_s), unit="s", desc="train-draft", file=sys.stderr, leave=True)
+        self._shown = 0
+
+    def update(self, description: str, **postfix) -> None:
+        if self.bar is None:
+            return
+        done = min(round(self.clock.elapsed()), self.bar.total)
+        self.bar.set_description(description, refresh=False)
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(done - self._shown)
+        self._shown = done
+
+    def say(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _prompts(documents, tokenizer, settings: TrainSettings, seed: int, skip: int):
+    source = iter(PromptSource(documents, tokenizer, settings.prompt_tokens, seed, settings.chat_share))
+    return itertools.islice(source, skip, None)
+
+
+def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
+    """Run (or resume) one training run; `target`/`tokenizer` may be given already loaded."""
+    run = RunDirectory(settings.output)
+    progress = run.progress()
+    clock = Clock(settings.minutes * 60.0, progress.get("seconds", {}))
+    device = choose_device(settings.device)
+    if target is None:
+        target, tokenizer = load_target(settings.target, device)
+    device = target.get_input_embeddings().weight.device
+    dtype = torch.float32
+    depth = int(hf_compat.text_config(target).num_hidden_layers)
+    layers = default_feature_layers(depth)
+    tap = LayerTap(target, layers)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    vocab_size = int(target.get_output_embeddings().weight.shape[0])
+    eos = getattr(target.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+    eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+    bar = Progress(settings, clock)
+
+    def save_progress(**extra) -> None:
+        progress.update(seconds=clock.spent, **extra)
+        run.save_progress(progress)
+
+    # 1-2: data
+    train_docs, held_docs = split_documents(read_documents(list(settings.text), settings.extensions))
+    clock.phase("data")
+    held_out = run.held_out()
+    if held_out is None:
+        prompts = list(
+            itertools.islice(_prompts(held_docs, tokenizer, settings, settings.seed + 1, 0), settings.held_out)
+        )
+        held_out = []
+        for i in range(0, len(prompts), settings.generation_batch):
+            held_out += generate_examples(target, tap, prompts[i : i + settings.generation_batch],
+                                          settings.new_tokens, pad_id, eos_ids, settings.top_k)  # fmt: skip
+        run.save_held_out(held_out)
+        bar.say(f"held-out: {len(held_out)} continuations from {len(held_docs)} held-out documents")
+    used = progress.get("prompts_used", 0)
+    sequences = progress.get("sequences", 0)
+    if not progress.get("data_done"):
+        source = _prompts(train_docs, tokenizer, settings, settings.seed, used)
+        data_budget = settings.data_share * clock.total_s
+        while clock.elapsed() < data_budget and (settings.max_sequences is None or sequences < settings.max_sequences):
+            count = settings.generation_batch
+            if settings.max_sequences is not None:
+                count = min(count, settings.max_sequences - sequences)
+            prompts = list(itertools.islice(source, count))
+            run.add_shard(generate_examples(target, tap, prompts, settings.new_tokens, pad_id, eos_ids, settings.top_k))
+            used, sequences = used + len(prompts), sequences + len(prompts)
+            save_progress(prompts_used=used, sequences=sequences)
+            bar.update("generating", sequences=sequences)
+        save_progress(prompts_used=used, sequences=sequences, data_done=True)
+    examples = run.training_examples()
+    if not examples:
+        raise RuntimeError("no training data: raise --minutes or --data-share")
+    positions = sum(e.tokens.shape[0] for e in examples)
+    bar.say(f"training data: {len(examples)} sequences, {positions} positions, "
+            f"{clock.spent.get('data', 0.0):.0f} s of generation")  # fmt: skip
+
+    # 3: vocabulary and head
+    clock.phase("train")
+    saved = run.load_state()
+    if saved is None:
+        counts = batches.token_counts(examples, vocab_size)
+        size = min(settings.draft_vocab, max(1024, int((counts > 0).sum())))
+        d2t, t2d = choose_vocabulary(counts, size)
+        head = new_head(target, d2t, t2d, layers, settings.seed)
+        progress["vocabulary_coverage"] = coverage(counts, t2d)
+    else:
+        head_state, _ = saved
+        config = head_config(target, head_state["d2t"], head_state["t2d"], layers)
+        head = Eagle3Head(config)
+        head.load_state_dict(head_state)
+    head.use_target_embedding(target.get_input_embeddings().weight.detach().to(dtype))
+    head.to(device)
+    head.train()
+    parameters = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=settings.learning_rate, betas=(0.9, 0.95), weight_decay=0.0)
+    if saved is not None:
+        optimizer.load_state_dict(saved[1])
+    lookup = batches.vocabulary_lookup(head.t2d.cpu())
+    history = progress.setdefault("history", [])
+    before = evaluate(head, held_out, lookup, settings.steps, device, dtype)
+    if saved is None:
+        progress["untrained"] = before.rates
+        bar.say(f"held-out, untrained head: {before.line()}")
+    step = progress.get("steps", 0)
+    train_start = clock.spent.get("train", 0.0)
+    train_budget = max(clock.left() + train_start, 1e-9)
+    sampler = batches.epochs(examples, settings.batch_size, settings.seed + step)
+    last_eval = last_save = time.perf_counter()
+
+    def checkpoint(evaluation: Evaluation | None) -> None:
+        run.save_state(head.state_dict(), optimizer.state_dict())
+        embeddings = target.get_input_embeddings().weight if settings.embed_tokens else None
+        save_head(head, run.root, "specforge", target_layers=depth, embeddings=embeddings)
+        save_progress(steps=step)
+        run.write_report(dict(settings=asdict(settings), steps=step, sequences=len(examples), positions=positions,
+                              seconds=clock.spent, vocabulary_coverage=progress.get("vocabulary_coverage"),
+                              untrained=progress.get("untrained"), history=history,
+                              latest=evaluation.rates if evaluation else None))  # fmt: skip
+
+    loss_value = float("nan")
+    while clock.left() > 0 and (settings.max_steps is None or step < settings.max_steps):
+        batch = batches.collate(next(sampler), lookup, device, dtype)
+        fraction = (clock.spent.get("train", 0.0)) / train_budget
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(settings, step, fraction)
+        result = ttt.unroll(head, batch, settings.steps)
+        optimizer.zero_grad(set_to_none=True)
+        result.loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, 0.5)
+        optimizer.step()
+        step += 1
+        loss_value = float(result.loss.detach())
+        clock.elapsed()
+        bar.update("training", step=step, loss=f"{loss_value:.3f}")
+        now = time.perf_counter()
+        if now - last_eval >= settings.eval_every_s:
+            evaluation = evaluate(head, held_out, lookup, settings.steps, device, dtype)
+            history.append(dict(step=step, seconds=round(clock.elapsed()), loss=loss_value, rates=evaluation.rates))
+            bar.say(f"step {step} ({clock.elapsed():.0f} s): loss {loss_value:.3f}; held-out {evaluation.line()}")
+            last_eval = time.perf_counter()
+        if now - last_save >= settings.checkpoint_every_s:
+            checkpoint(None)
+            last_save = time.perf_counter()
+    after = evaluate(head, held_out, lookup, settings.steps, device, dtype)
+    history.append(dict(step=step, seconds=round(clock.elapsed()), loss=loss_value, rates=after.rates))
+    checkpoint(after)
+    bar.close()
+    print(f"train-draft: {step} steps on {len(examples)} sequences; held-out before {before.line()}; "
+          f"after {after.line()}; head written to {run.root}", flush=True)  # fmt: skip
+    return TrainResult(run.root, before, after, step, len(examples), history)

@@ -1,0 +1,83 @@
+"""`train-draft` on the demo target: seconds of training raise held-out acceptance above the untrained head's,
+the run resumes where it stopped, and its output directory is a head that `generate` loads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from eagle_fixtures import DEMO_DIR, demo_prompts, demo_target
+from tiny_models import reference_greedy
+
+from assisted_backends import generate
+from assisted_backends.drafters.eagle import is_eagle_checkpoint, load_head
+from assisted_backends.train_draft.cli import parser, settings_from
+from assisted_backends.train_draft.trainer import TrainSettings, train
+from assisted_backends.train_draft.vocab import choose_vocabulary
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    """The demo pair's held-out text cut into 24 documents (one or more of them end up held out)."""
+    root = tmp_path_factory.mktemp("texts")
+    text = (DEMO_DIR / "held_out.txt").read_text()
+    lines = text.splitlines(keepends=True)
+    per = len(lines) // 24
+    for i in range(24):
+        (root / f"doc{i:02d}.py").write_text("".join(lines[i * per : (i + 1) * per]))
+    return root
+
+
+def _settings(texts, output, steps: int) -> TrainSettings:
+    """A fixed amount of work (64 sequences, `steps` steps) well inside its time budget, however busy the machine."""
+    return TrainSettings(
+        target=str(DEMO_DIR / "target"), text=(str(texts),), output=str(output), minutes=10.0, data_share=0.9,
+        prompt_tokens=24, new_tokens=24, generation_batch=16, held_out=8, max_sequences=64, max_steps=steps,
+        draft_vocab=512,
+        top_k=4, steps=3, batch_size=8, learning_rate=3e-3, eval_every_s=1e9, checkpoint_every_s=1e9,
+        progress_bar=False,
+    )  # fmt: skip
+
+
+def test_seconds_of_training_raise_held_out_acceptance_and_resume(texts, tmp_path):
+    target, tokenizer = demo_target()
+    first = train(_settings(texts, tmp_path / "run", 30), target, tokenizer)
+    assert first.after.acceptance > first.before.acceptance + 0.03
+    assert first.after.rates[0] > 0.1 and first.training_sequences == 64
+    assert is_eagle_checkpoint(tmp_path / "run")
+    report = json.loads((tmp_path / "run" / "training.json").read_text())
+    assert report["steps"] == first.steps and report["vocabulary_coverage"] > 0.5
+
+    resumed = train(_settings(texts, tmp_path / "run", 45), target, tokenizer)
+    assert (
+        first.steps == 30 and resumed.steps == 45 and resumed.training_sequences == 64
+    )  # no new data: the data phase was done
+    head = load_head(tmp_path / "run", torch.float32)
+    assert head.embed_tokens is not None  # SpecForge's layout carries the embedding
+    prompt = torch.tensor(demo_prompts(1, 20, seed=99))
+    result = generate(target, prompt, assistant_model=str(tmp_path / "run"), max_new_tokens=30, num_assistant_tokens=3)
+    assert torch.equal(result.sequences, reference_greedy(target, prompt, 30))
+    assert result.stats.accepted > 0
+
+
+def test_the_draft_vocabulary_is_the_targets_most_chosen_tokens():
+    counts = torch.tensor([0, 5, 1, 9, 0, 3])
+    d2t, t2d = choose_vocabulary(counts, 3)
+    assert t2d.tolist() == [False, True, False, True, False, True]
+    assert (torch.arange(3) + d2t).tolist() == [1, 3, 5]  # target id = draft id + d2t[draft id]
+
+
+def test_command_line_maps_onto_settings():
+    args = parser().parse_args(["smollm2-135m-instruct", "--text", "a", "b", "-o", "out", "--minutes", "60",
+                                "--chat-share", "0.8", "--draft-vocab", "4096"])  # fmt: skip
+    settings = settings_from(args)
+    assert settings.target == "smollm2-135m-instruct" and settings.text == ("a", "b") and settings.minutes == 60
+    assert settings.chat_share == 0.8 and settings.draft_vocab == 4096 and settings.embed_tokens is True
+    help_text = subprocess.run([sys.executable, "-m", "assisted_backends.train_draft", "--help"],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "--minutes" in help_text and "SpecForge" in help_text

@@ -74,7 +74,7 @@ def demo_target():
     a real, if small, model whose continuations a head learns to predict within seconds."""
     from assisted_backends.loading.models import load_model, load_tokenizer
 
-    return load_model(DEMO_DIR / "target", dtype=torch.float32), load_tokenizer(DEMO_DIR / "target")
+    return load_model(DEMO_DIR / "target", precision="fp32"), load_tokenizer(DEMO_DIR / "target")
 
 
 def demo_prompts(count: int, length: int, seed: int) -> list[list[int]]:

@@ -70,13 +70,21 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _check_complete(directory: Path, name: str, flag: str) -> None:
-    """A local model directory holds weights and a tokenizer."""
+def looks_like_eagle_head(config: dict) -> bool:
+    """An EAGLE-3 head's config.json (one decoder layer, or a draft vocabulary): it has no tokenizer of its own,
+    it uses its target's (`drafters.eagle.checkpoint.is_eagle_checkpoint` checks the weights once torch loads)."""
+    return config.get("num_hidden_layers") == 1 or "draft_vocab_size" in config
+
+
+def _check_complete(directory: Path, name: str, flag: str, config: dict) -> None:
+    """A local model directory holds weights and a tokenizer (an EAGLE-3 head: weights only)."""
     if not any(any(directory.glob(pattern)) for pattern in WEIGHT_PATTERNS):
         raise CLIError(
             f"{flag} {name}: config.json but no weights (*.safetensors or *.bin) in the directory; save the model "
             "with save_pretrained, or give another directory"
         )
+    if looks_like_eagle_head(config):
+        return
     if not any((directory / tokenizer).is_file() for tokenizer in TOKENIZER_FILES):
         raise CLIError(f"{flag} {name}: no tokenizer files in the directory; save the tokenizer next to the model")
 
@@ -86,14 +94,14 @@ def from_directory(directory: Path, name: str, flag: str, complete: bool = True)
     may still be filled) weights and a tokenizer."""
     if not (directory / "config.json").is_file():
         raise CLIError(f"{flag} {name}: no config.json in the directory; give a saved model directory or a .gguf file")
+    config, generation = _read_json(directory / "config.json"), _read_json(directory / "generation_config.json")
     if complete:
-        _check_complete(directory, name, flag)
+        _check_complete(directory, name, flag, config)
     tokenizer_config = _read_json(directory / "tokenizer_config.json")
     template = bool(tokenizer_config.get("chat_template")) or any(
         (directory / template_file).is_file() for template_file in CHAT_TEMPLATE_FILES
     )
     tokenizer_json = directory / "tokenizer.json" if (directory / "tokenizer.json").is_file() else None
-    config, generation = _read_json(directory / "config.json"), _read_json(directory / "generation_config.json")
     return ModelFiles(name, flag, config, generation, tokenizer_json, template)
 
 

@@ -109,8 +109,8 @@ def load_target(name: str, device: torch.device):
     from assisted_backends.loading import models, real_weights
 
     path = str(real_weights.real_model_dir(name)) if name in real_weights.REAL_MODELS else name
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    target = models.load_model(path, "target", dtype).to(device).eval()
+    precision = "fp32" if device.type == "cpu" else "bf16"
+    target = models.load_model(path, "target", precision).to(device).eval()
     return target, models.load_tokenizer(path, "target")
 
 

@@ -1,10 +1,12 @@
-"""One run, one pair, four ways of decoding on a GPU: which is fastest at the same greedy output.
+"""One run, one pair, five ways of decoding on a GPU: which is fastest at the same greedy output.
 
 Modes (interleaved A/B: every repeat runs each mode once, in order; medians reported):
   plain        the target's own `model.generate` (greedy, dynamic cache)
   hf_assisted  transformers' assisted `generate(assistant_model=draft)`, constant γ
   ours_dynamic assisted_backends on cuda, dynamic cache, eager steps
   ours_graphs  assisted_backends on cuda, static cache, fixed γ, CUDA-graph-captured steps
+  ours_plain_graphs  the target alone (no draft) through the same static cache and graphs: the part of
+               ours_graphs' gain that graphs give; ours_graphs / ours_plain_graphs is speculation's own
 Speedups are against `plain` and `hf_assisted`; Leviathan et al.'s expected speedup S is computed
 from the measured α, γ and c = t_draft / t_target (one decode step each, timed here).
 
@@ -24,7 +26,7 @@ import copy
 import statistics
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 import assisted_backends
 from assisted_backends.backends.base import DTYPES, BackendOptions
@@ -88,8 +90,15 @@ def make_runners(args, target, draft, prompt, sync):
 
     def ours(backend, static):
         result = assisted_backends.generate(
-            target, prompt, assistant_model=draft, max_new_tokens=new, num_assistant_tokens=gamma,
+            target, prompt, assistant_model=draft, max_new_tokens=new, min_new_tokens=new, num_assistant_tokens=gamma,
             cache_layout="static" if static else "dynamic", static_shapes=static, backend=backend,
+        )  # fmt: skip
+        return result.sequences, result.stats
+
+    def plain_graphs(backend):  # the target alone through the same static cache and graphs: what graphs give
+        result = assisted_backends.generate(
+            target, prompt, max_new_tokens=new, min_new_tokens=new, cache_layout="static", static_shapes=True,
+            backend=backend,
         )  # fmt: skip
         return result.sequences, result.stats
 
@@ -100,7 +109,17 @@ def make_runners(args, target, draft, prompt, sync):
     }
     if graphed is not None:
         runners["ours_graphs"] = lambda: ours(graphed, True)
+        runners["ours_plain_graphs"] = lambda: plain_graphs(graphed)
     return runners
+
+
+def first_difference(tokens: torch.Tensor, reference: torch.Tensor, prompt_length: int) -> int | None:
+    """The index of the first new token where `tokens` and `reference` differ (None: identical)."""
+    if torch.equal(tokens, reference):
+        return None
+    width = min(tokens.shape[1], reference.shape[1])
+    differs = (tokens[0, :width] != reference[0, :width]).nonzero()
+    return (int(differs[0, 0]) if len(differs) else width) - prompt_length
 
 
 def main() -> None:
@@ -113,7 +132,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--residual-scale", type=float, default=0.05, help="random pair: scale of layers 1.. outputs")
-    parser.add_argument("--prompt-length", type=int, default=128)
+    parser.add_argument("--prompt-length", type=int, default=128, help="random prompt ids (without --prompt)")
+    parser.add_argument("--prompt", help="text, tokenized with --target's tokenizer, in place of random ids")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-assistant-tokens", type=int, default=4)
     parser.add_argument("--bucket-size", type=int, default=128)
@@ -128,7 +148,12 @@ def main() -> None:
     dtype = DTYPES[args.dtype]
     target, draft = load_pair(args)
     target, draft = target.to(args.device, dtype).eval(), draft.to(args.device, dtype).eval()
-    prompt = torch.randint(0, target.config.vocab_size, (1, args.prompt_length), device=args.device)
+    if args.prompt is not None:
+        if args.target is None:
+            raise SystemExit("--prompt needs --target (its tokenizer encodes the text)")
+        prompt = AutoTokenizer.from_pretrained(args.target)(args.prompt, return_tensors="pt").input_ids.to(args.device)
+    else:
+        prompt = torch.randint(0, target.config.vocab_size, (1, args.prompt_length), device=args.device)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     runners = make_runners(args, target, draft, prompt, sync)
 
@@ -152,15 +177,17 @@ def main() -> None:
                 "speedup_vs_plain": statistics.median(times["plain"]) / median,
                 "speedup_vs_hf_assisted": statistics.median(times["hf_assisted"]) / median,
                 "same_tokens_as_plain": bool(torch.equal(outputs[name], reference)),
+                "first_difference": first_difference(outputs[name], reference, prompt.shape[1]),
                 "samples_s": samples,
             }
         )
     expected = leviathan_speedup(alpha, args.num_assistant_tokens, c)
-    print(f"{'mode':<14}{'median ms':>11}{'tok/s':>9}{'vs plain':>10}{'vs hf':>8}  same tokens")
+    print(f"{'mode':<18}{'median ms':>11}{'tok/s':>9}{'vs plain':>10}{'vs hf':>8}  same tokens (first difference)")
     for row in rows:
+        where = "" if row["first_difference"] is None else f" (new token {row['first_difference']})"
         print(
-            f"{row['mode']:<14}{1e3 * row['median_s']:>11.1f}{row['tokens_per_s']:>9.1f}"
-            f"{row['speedup_vs_plain']:>9.2f}x{row['speedup_vs_hf_assisted']:>7.2f}x  {row['same_tokens_as_plain']}"
+            f"{row['mode']:<18}{1e3 * row['median_s']:>11.1f}{row['tokens_per_s']:>9.1f}"
+            f"{row['speedup_vs_plain']:>9.2f}x{row['speedup_vs_hf_assisted']:>7.2f}x  {row['same_tokens_as_plain']}{where}"
         )
     print(f"alpha={alpha:.3f} gamma={args.num_assistant_tokens} c={c:.3f} Leviathan S={expected:.2f}")
     if args.json:  # the machine (with the GPU's name) goes in the file's header

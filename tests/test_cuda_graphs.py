@@ -199,7 +199,10 @@ def test_prepare_is_idempotent_and_wraps_per_role():
     wrapped = backend.prepare(target, "target")
     assert backend.prepare(target, "target") is wrapped and backend.prepare(wrapped, "target") is wrapped
     assert backend.prepare(target, "draft") is not wrapped  # a model drafting for itself gets its own graphs
-    assert backend.describe()["target_graphs"] == "cuda graphs"
+    report = backend.describe()
+    assert report["target_graphs"] == "cuda graphs"
+    # the keys every backend reports (the CLI's summary line reads them; it raised KeyError on a GPU)
+    assert report["dtype"] == "float32" and report["draft_precision"] == "float32"
     eager = CUDABackendOnCPU(BackendOptions(graphs=False)).prepare(draft, "draft")
     assert eager is draft
 
@@ -220,3 +223,24 @@ def test_models_that_cannot_be_captured_fall_back_to_the_dynamic_layout():
     assert result.stats.cache_layout == "dynamic"
     assert backend.prepare(uncapturable, "target") is uncapturable  # not wrapped
     assert torch.equal(result.sequences, reference_greedy(target, random_prompt(6, seed=6), MAX_NEW_TOKENS))
+
+
+def test_a_prepared_wrapper_passed_as_the_model_generates_as_the_model():
+    """The CLI passes the backend's wrapper itself to `generate` (with a repetition penalty and stop strings):
+    options resolve on the wrapped model (a GPU run failed with "GraphedCausalLM has no _get_logits_processor")."""
+    target, draft = pair("llama")
+    backend = CUDABackendOnCPU()
+    prompt = random_prompt(6, seed=6)
+    with torch.inference_mode():
+        reference = target.generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+            repetition_penalty=1.2,
+        )  # fmt: skip
+    wrapped, wrapped_draft = backend.prepare(target, "target"), backend.prepare(draft, "draft")
+    assert isinstance(wrapped, GraphedCausalLM)
+    result = generate(
+        wrapped, prompt, assistant_model=wrapped_draft, max_new_tokens=MAX_NEW_TOKENS, repetition_penalty=1.2,
+        backend=backend,
+    )  # fmt: skip
+    assert torch.equal(result.sequences, reference)
+    assert graphs_of(backend, target, "target").stats.captures > 0  # the same wrapper's graphs served it

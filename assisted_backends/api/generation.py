@@ -31,7 +31,7 @@ from transformers import GenerationConfig, PreTrainedModel
 
 from assisted_backends.api.plan import CallSettings, GenerationPlan, plan_generation
 from assisted_backends.api.run import GenerateResult, run
-from assisted_backends.backends.base import Backend, BackendOptions
+from assisted_backends.backends.base import Backend, BackendOptions, unprepared
 from assisted_backends.backends.registry import resolve_backend
 from assisted_backends.distributed import agreement
 from assisted_backends.loading import models
@@ -65,6 +65,7 @@ class AssistedGenerator:
         backend: Backend | None = None,
     ) -> None:
         ranges.check_integer("bucket_size", bucket_size, minimum=1)
+        model, assistant_model = unprepared(model), unprepared(assistant_model)  # a backend's wrapper: its model
         self.model, self.assistant_model, self.tokenizer, self.assistant_tokenizer = models.load_arguments(
             model, assistant_model, tokenizer, assistant_tokenizer, dtype, draft_precision
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -130,5 +130,13 @@ class Backend(ABC):
         return {}
 
     def describe(self) -> dict[str, str]:
-        """What was chosen and why, for the CLI to print."""
+        """What was chosen and why, for the CLI to print; every backend adds at least `dtype` (the
+        target's precision) and `draft_precision`."""
         return {"backend": self.name, "device": str(self.device)}
+
+
+def unprepared(model: Any) -> Any:
+    """The model a backend's `prepare` wrapped (`model` itself when it is no wrapper): a wrapper (CUDA
+    graphs) names it `prepared_from`. Generation options are resolved on this model, and `prepare`
+    is idempotent, so a caller may pass either."""
+    return getattr(model, "prepared_from", model)

@@ -87,11 +87,13 @@ def build_criteria(model: PreTrainedModel, config: GenerationConfig, stopping_cr
         if not callable(build):
             raise NotImplementedError(f"{type(model).__name__} has no _get_stopping_criteria: not a generation model")
         without_limits = GenerationConfig(stop_strings=stop_strings)  # length and EOS: the loop's own
+        without_limits.max_length = None  # transformers < 5 defaults it to 20
         without_limits._eos_token_tensor = None
         built = build(
             generation_config=without_limits,
             stopping_criteria=StoppingCriteriaList(c for c in others if isinstance(c, StoppingCriteria)),
             tokenizer=tokenizer,
         )
-        asked = list(built) + [c for c in others if not isinstance(c, StoppingCriteria)]  # bare callables last
+        built = [c for c in built if type(c) not in (MaxLengthCriteria, EosTokenCriteria)]
+        asked = built + [c for c in others if not isinstance(c, StoppingCriteria)]  # bare callables last
     return Criteria(asked, min(lengths) if lengths else None, eos or None)

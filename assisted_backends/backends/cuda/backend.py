@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from assisted_backends.backends.base import Backend, BackendOptions, ModelRole, named_dtype
+from assisted_backends.backends.base import Backend, BackendOptions, ModelRole, named_dtype, unprepared
 from assisted_backends.backends.cuda.graphs import GraphedCausalLM, GraphRuntime, graph_capturable
 
 MAX_GRAPH_TOKENS = 16  # steps feeding more tokens than this (prefill) run eagerly
@@ -155,15 +155,18 @@ class CUDABackend(Backend):
 
     def describe(self) -> dict[str, str]:
         facts = {"backend": self.name, "device": str(self.device), "cache_layout": self.cache_layout()}
-        if self.is_available():
+        if self.device.type == "cuda" and self.is_available():
             major, minor = torch.cuda.get_device_capability(self.device)
             facts["gpu"] = torch.cuda.get_device_name(self.device)
             facts["compute_capability"] = f"{major}.{minor}"
             facts["bf16_supported"] = str(self.bf16_supported())
         facts["torch_cuda"] = str(torch.version.cuda)
         facts["graphs"] = "on" if self.graphs_enabled else "off"
+        # the keys every backend reports (the CLI's one-line summary reads them)
+        facts["dtype"] = self._chosen.get("target_dtype", "model")
+        facts["draft_precision"] = self._chosen.get("draft_dtype", "model")
         return facts | self._chosen
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    return model.model if isinstance(model, GraphedCausalLM) else model
+    return unprepared(model)

@@ -183,6 +183,11 @@ class GraphedCausalLM(torch.nn.Module):
         self._takes_cache_position = hf_compat.forward_accepts(model, "cache_position")
 
     @property
+    def prepared_from(self) -> PreTrainedModel:
+        """The wrapped model (`backends.base.unprepared` reads this)."""
+        return self.model
+
+    @property
     def config(self):
         return self.model.config
 

@@ -220,6 +220,7 @@ class HPUBackend(Backend):
             "graphs": graphs if self.graphs_enabled else "off",
             "dtype": str(self.dtype).removeprefix("torch."),
             "draft_dtype": str(self.draft_dtype).removeprefix("torch."),
+            "draft_precision": str(self.draft_dtype).removeprefix("torch."),  # the key every backend reports
             "static_shapes": f"always (bucket {self.padding(True).bucket})",
             "modeling": self.modeling.describe(),
             **{f"{role}_class": name for role, name in self._model_classes.items()},

@@ -187,7 +187,8 @@ def main() -> None:
         where = "" if row["first_difference"] is None else f" (new token {row['first_difference']})"
         print(
             f"{row['mode']:<18}{1e3 * row['median_s']:>11.1f}{row['tokens_per_s']:>9.1f}"
-            f"{row['speedup_vs_plain']:>9.2f}x{row['speedup_vs_hf_assisted']:>7.2f}x  {row['same_tokens_as_plain']}{where}"
+            f"{row['speedup_vs_plain']:>9.2f}x{row['speedup_vs_hf_assisted']:>7.2f}x"
+            f"  {row['same_tokens_as_plain']}{where}"
         )
     print(f"alpha={alpha:.3f} gamma={args.num_assistant_tokens} c={c:.3f} Leviathan S={expected:.2f}")
     if args.json:  # the machine (with the GPU's name) goes in the file's header

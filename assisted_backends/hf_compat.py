@@ -293,7 +293,8 @@ def move_cache_rows(cache, move, written: int, width: int, in_place: bool) -> No
                 return tensor
             return result
 
-    if isinstance(cache, LegacyCache):
+    if isinstance(cache, LegacyCache):  # tuples grown by concatenation (transformers 4.x GPT-2): never in place
+        in_place = False
         if cache.layers:
             cache.layers = tuple(
                 type(layer)(moved(part) for part in layer) if isinstance(layer, (tuple, list)) else moved(layer)

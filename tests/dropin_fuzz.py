@@ -67,6 +67,11 @@ DOCUMENTED_REFUSALS: tuple[tuple[type, str, str], ...] = (
         r"^generation_config\.num_beams=\d+ is not supported: beam search",
         "beam search is not supported (options.fields.REFUSED)",
     ),
+    (
+        NotImplementedError,
+        r"mixes windowed \(sliding or chunked\) and full-attention layers, whose masks transformers \S+ cannot build",
+        "hybrid-window models need transformers >= 4.55 (hf_compat.HYBRID_MASKS_FROM_CONFIG; docs/models.md)",
+    ),
 )
 
 

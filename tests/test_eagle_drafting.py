@@ -8,7 +8,8 @@ from functools import cache
 
 import pytest
 import torch
-from architectures import build
+import transformers
+from architectures import build, refused_here
 from eagle_fixtures import demo_head, demo_prompts, demo_target, trained_head
 from tiny_models import random_prompt, reference_greedy
 
@@ -34,6 +35,8 @@ def arch_pair(arch: str):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_greedy_identity_across_architectures(arch, static):
+    if refused_here(arch):
+        pytest.skip(f"{arch} is refused on transformers {transformers.__version__} (tests/architectures.py)")
     target, head = arch_pair(arch)
     for seed in (1, 2):
         prompt = random_prompt(9, seed=seed)

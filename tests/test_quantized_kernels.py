@@ -142,4 +142,5 @@ def test_int4_layout_and_invariance_under_other_capabilities(capability):
     env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[0].lower() == capability
+    reported = done.stdout.split()[0].lower()
+    assert reported == capability or (capability, reported) == ("default", "no")  # torch 2.8 says "NO AVX"

@@ -2,7 +2,7 @@
 weights: its linear layers alone and the whole model, eager, interleaved medians; this CPU's memory read
 bandwidth and the floor it puts under a step (weight bytes / bandwidth); optionally torch.compile.
 
-    python -m benchmarks.quantized_step [--threads 1] [--repeats 7] [--compile]
+    python -m benchmarks.quantized_step [--threads 1] [--repeats 7] [--compile [fp32 bf16 int8 int4]]
 
 Variants (all from the same GGUF file through `assisted_backends.quantized.load_gguf_quantized`):
   fp32  scheme "dense": gguf's exact values as fp32 nn.Linear weights (what transformers loads)
@@ -11,7 +11,8 @@ Variants (all from the same GGUF file through `assisted_backends.quantized.load_
   int4  scheme "file": the file's Q4_1 codes as-is, `_weight_int4pack_mm_for_cpu` (group 32), bf16
         compute; the Q8_0 embedding / tied head as two int4 planes
 The whole-model step feeds M new tokens after a 64-token prompt held in a DynamicCache (cropped back after
-every call). --compile also times torch.compile (Inductor, dynamic=False) of the int4 model's step.
+every call). --compile also times torch.compile (Inductor, dynamic=False) of the named variants' whole-model
+step on a static cache (all four when none is named) against eager on the same cache, and the compile time.
 """
 
 from __future__ import annotations
@@ -63,34 +64,45 @@ def linear_step(layers: list[nn.Module], rows: int, dtype: torch.dtype):
     return run
 
 
-def model_step(model: nn.Module, rows: int):
-    """A callable feeding `rows` new tokens after a cached 64-token prompt (the cache cropped back after)."""
+def model_step(model: nn.Module, rows: int, static: bool = False):
+    """A callable feeding `rows` new tokens after a cached 64-token prompt: a DynamicCache cropped back after
+    every call, or (`static`) a StaticCache whose write position moves back (fixed shapes: what a compiled
+    step of the static layout sees)."""
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (1, PROMPT), generator=generator)
     new = torch.randint(0, vocab, (1, rows), generator=generator)
-    cache = hf_compat.new_dynamic_cache(model)
+    if static:
+        cache = hf_compat.new_static_cache(model, 1, PROMPT + max(ROWS), model.dtype, torch.device("cpu"))
+    else:
+        cache = hf_compat.new_dynamic_cache(model)
+    positions = {"cache_position": torch.arange(PROMPT, PROMPT + rows)} if static else {}
     with torch.inference_mode():
-        model(prompt, use_cache=True, **hf_compat.cache_kwargs(model, cache))
+        first = {"cache_position": torch.arange(PROMPT)} if static else {}
+        model(prompt, use_cache=True, **first, **hf_compat.cache_kwargs(model, cache))
 
     def run() -> None:
+        if static:
+            hf_compat.set_static_cache_length(cache, PROMPT)
         with torch.inference_mode():
-            model(new, use_cache=True, **hf_compat.cache_kwargs(model, cache))
-        hf_compat.crop_dynamic_cache(cache, PROMPT)
+            model(new, use_cache=True, **positions, **hf_compat.cache_kwargs(model, cache))
+        if not static:
+            hf_compat.crop_dynamic_cache(cache, PROMPT)
 
     return run
 
 
 def compile_probe(model: nn.Module, repeats: int) -> dict:
-    """Compile seconds, and eager / compiled ms by M, for the whole-model step of `model`."""
+    """Compile seconds, and eager / compiled ms by M, for the whole-model step of `model` on a static cache."""
     compiled_model = torch.compile(model, dynamic=False)
     began = time.perf_counter()
-    compiled = {rows: model_step(compiled_model, rows) for rows in ROWS}
+    compiled = {rows: model_step(compiled_model, rows, static=True) for rows in ROWS}
     for run in compiled.values():
         run()
         run()
     seconds = time.perf_counter() - began
-    cases = {f"eager_{r}": model_step(model, r) for r in ROWS} | {f"compiled_{r}": compiled[r] for r in ROWS}
+    eager = {f"eager_{r}": model_step(model, r, static=True) for r in ROWS}
+    cases = eager | {f"compiled_{r}": compiled[r] for r in ROWS}
     median = interleaved(cases, repeats, warmup=1).medians()
     return {
         "compile_s": round(seconds, 1),
@@ -103,7 +115,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile of the int4 model's step")
+    parser.add_argument(
+        "--compile", nargs="*", choices=("fp32", "bf16", "int8", "int4"), default=None,
+        help="also time torch.compile of these variants' step (none named: all four)",
+    )  # fmt: skip
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -132,9 +147,11 @@ def main() -> None:
         print(name, rows_out[name], flush=True)
     payload = {"what": __doc__.split("\n\n")[0].replace("\n", " "), "threads": args.threads,
                "read_bandwidth_gbs_1_thread": round(bandwidth, 2), "variants": rows_out}  # fmt: skip
-    if args.compile:
-        payload["torch_compile_int4"] = compile_probe(models["int4"], args.repeats)
-        print(payload["torch_compile_int4"])
+    if args.compile is not None:
+        for name in args.compile or list(models):
+            torch._dynamo.reset()  # each variant compiles alone
+            payload[f"torch_compile_{name}"] = compile_probe(models[name], args.repeats)
+            print(name, payload[f"torch_compile_{name}"], flush=True)
     write_result("quantized_step", command_line("quantized_step"), payload, args.out or RESULTS / "quantized_step.json")
 
 

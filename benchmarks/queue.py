@@ -271,8 +271,8 @@ def main() -> None:
                 line = "  ".join(f"{m} {summary[m]['tokens_per_s']:.0f} tok/s" for m in args.methods)
                 shown = "  ".join(f"{k} {v:.2f}x" for k, v in ratios(summary).items())
                 print(f"{pair_name:15s} {dtype_name} B={slots:2d}: {line}\n    {shown}", flush=True)
-    payload = {"threads": threads, "prompts": args.prompts, "repeats": args.repeats, "results": results}
-    write_result("queue", command_line("queue"), payload, args.out)
+                payload = {"threads": threads, "prompts": args.prompts, "repeats": args.repeats, "results": results}
+                write_result("queue", command_line("queue"), payload, args.out)  # every case: a cut run keeps them
 
 
 if __name__ == "__main__":

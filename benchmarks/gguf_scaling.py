@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import torch
 from assisted_backends.cache_dir import cache_root
 from benchmarks.harness import RESULTS, command_line, interleaved, step_seconds, write_result
 from benchmarks.harness.llama_cpp import llama_cpp_available, llama_cpp_decoder
+from benchmarks.harness.memory import peak_rss_kib
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def child(engine: str, path: Path, threads: int) -> None:
         ours_decoder(model, prompt, 4)()
     else:
         llama_cpp_decoder(path, prompt, 4, threads, n_ctx=512)()
-    print(json.dumps({"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+    print(json.dumps({"peak_rss_mb": round(peak_rss_kib() / 1024, 1)}))
 
 
 # --- one case ----------------------------------------------------------------------------------------------

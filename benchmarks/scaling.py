@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import torch
 
 from assisted_backends import generate
 from benchmarks.harness import RESULTS, command_line, demo_pair, interleaved, write_result
+from benchmarks.harness.memory import peak_rss_kib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,9 +55,9 @@ def run(target, draft, source, prompt_length: int, new_tokens: int, mode: str, g
 def memory_probe(mode: str, prompt_length: int, new_tokens: int, gamma: int) -> None:
     """Print this process's peak resident memory (and its growth during one generation) as JSON."""
     target, draft, source = load_pair()
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    baseline = peak_rss_kib()
     run(target, draft, source, prompt_length, new_tokens, mode, gamma)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_kib()
     print(json.dumps({"peak_rss_mib": peak / 1024, "generation_rss_growth_mib": (peak - baseline) / 1024}))
 
 

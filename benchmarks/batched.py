@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from assisted_backends import generate
+from assisted_backends.api.queue import left_padded
 from assisted_backends.backends.cpu.affinity import set_threads
 from benchmarks.harness import RESULTS, command_line, demo_pair, ensure_real_model, interleaved, write_result
 
@@ -87,16 +88,6 @@ def smollm2_pair(dtype: torch.dtype):
 PAIRS = {"demo": demo, "smollm2-lookup": smollm2_pair}
 
 
-def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, prompt in enumerate(prompts):
-        ids[b, width - len(prompt) :] = torch.tensor(prompt)
-        mask[b, width - len(prompt) :] = 1
-    return ids, mask
-
-
 def run_method(method: str, target, constant: dict, adaptive: dict, ids, mask, pad_id: int, new_tokens: int) -> dict:
     """One batched run of `method`: its wall time, tokens/s and (for this package) per-row latency, α, passes."""
     began = time.perf_counter()
@@ -149,7 +140,7 @@ def main() -> None:
             target, constant, adaptive, prompts, tokenizer = PAIRS[pair_name](DTYPES[dtype_name])
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
             for batch in args.batches:
-                ids, mask = left_padded(prompts[:batch], pad_id)
+                ids, mask = left_padded([torch.tensor(p) for p in prompts[:batch]], pad_id)
                 run = partial(run_method, target=target, constant=constant, adaptive=adaptive, ids=ids, mask=mask)
                 for method in METHODS:  # warm-up: first-call costs stay out
                     run(method, pad_id=pad_id, new_tokens=4)

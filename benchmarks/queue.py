@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from assisted_backends import generate, generate_queue
+from assisted_backends.api.queue import left_padded
 from assisted_backends.backends.cpu.affinity import set_threads
 from benchmarks.harness import RESULTS, command_line, demo_pair, ensure_real_model, interleaved, write_result
 
@@ -139,16 +140,6 @@ def smollm2(dtype: torch.dtype, count: int) -> QueueCase:
 PAIRS = {"demo": demo, "smollm2-lookup": smollm2}
 
 
-def _left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, prompt in enumerate(prompts):
-        ids[b, width - len(prompt) :] = torch.tensor(prompt)
-        mask[b, width - len(prompt) :] = 1
-    return ids, mask
-
-
 def _until_eos(tokens: list[int], eos: list[int]) -> list[int]:
     """A row of transformers' batched output: its tokens up to and including its first EOS (then padding)."""
     end = next((i + 1 for i, token in enumerate(tokens) if token in eos), len(tokens))
@@ -189,7 +180,7 @@ def run_fixed(method: str, case: QueueCase, slots: int, prompts: list[list[int]]
     began = time.perf_counter()
     tokens, latency, service, stats = [], [], [], []
     for first in range(0, len(prompts), slots):
-        ids, mask = _left_padded(prompts[first : first + slots], case.pad_id)
+        ids, mask = left_padded([torch.tensor(p) for p in prompts[first : first + slots]], case.pad_id)
         offset = time.perf_counter() - began
         if method == "transformers":
             with torch.inference_mode():
@@ -231,7 +222,8 @@ def ratios(summary: dict) -> dict:
     """Throughput ratios in one run: assisted / plain (queue) and refill / fixed (per method)."""
     rate = {method: values["tokens_per_s"] for method, values in summary.items()}
     out = {f"{m}_vs_plain": rate[m] / rate["plain"] for m in ("adaptive", "constant") if m in rate and "plain" in rate}
-    out.update({f"refill_vs_fixed_{m}": rate[m] / rate[f"fixed_{m}"] for m in QUEUED if f"fixed_{m}" in rate})
+    both = [m for m in QUEUED if {m, f"fixed_{m}"} <= rate.keys()]
+    out.update({f"refill_vs_fixed_{m}": rate[m] / rate[f"fixed_{m}"] for m in both})
     if "transformers" in rate:
         out.update({f"{m}_vs_transformers": rate[m] / rate["transformers"] for m in QUEUED if m in rate})
     return out

@@ -19,6 +19,7 @@ from architectures import build, refused_here
 from tiny_models import noisy_copy, tiny_model
 
 from assisted_backends import generate
+from assisted_backends.api.queue import left_padded
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -36,17 +37,6 @@ LAYOUTS = {"dynamic": dict(cache_layout="dynamic"), "static_shapes": dict(static
 def prompts(lengths: tuple[int, ...] = LENGTHS, seed: int = 3, vocab: int = 128) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (n,), generator=generator) for n in lengths]
-
-
-def left_padded(rows: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids [B, P], attention_mask [B, P]) with every row right-aligned, as a left-padding tokenizer gives."""
-    width = max(row.shape[0] for row in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, row in enumerate(rows):
-        ids[b, width - row.shape[0] :] = row
-        mask[b, width - row.shape[0] :] = 1
-    return ids, mask
 
 
 def alone(model, row: torch.Tensor, max_new_tokens: int = NEW, **kwargs) -> torch.Tensor:

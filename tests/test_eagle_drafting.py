@@ -14,6 +14,7 @@ from eagle_fixtures import demo_head, demo_prompts, demo_target, trained_head
 from tiny_models import random_prompt, reference_greedy
 
 from assisted_backends import generate
+from assisted_backends.api.queue import left_padded
 from assisted_backends.drafters.eagle.drafter import EagleDrafter
 from assisted_backends.drafters.eagle.features import LayerTap
 from assisted_backends.train_draft import batches, ttt
@@ -84,12 +85,7 @@ def test_adaptive_schedule_with_plain_rounds_in_between():
 def test_batches_of_different_lengths(static):
     target, _ = demo_target()
     prompts = [demo_prompts(1, n, seed=30 + n)[0] for n in (12, 20, 27)]
-    longest = max(map(len, prompts))
-    ids = torch.full((3, longest), 1, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, longest - len(prompt) :] = torch.tensor(prompt)
-        mask[row, longest - len(prompt) :] = 1
+    ids, mask = left_padded([torch.tensor(prompt) for prompt in prompts], pad_id=1)
     with torch.inference_mode():
         expected = target.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=1)
     result = generate(
@@ -162,15 +158,10 @@ def test_rows_that_finish_early_leave_the_batch():
     head's cache leave with them."""
     target, _ = demo_target()
     prompts = [demo_prompts(1, n, seed=70 + n)[0] for n in (14, 22, 25)]
-    longest = max(map(len, prompts))
-    ids = torch.full((3, longest), 1, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, longest - len(prompt) :] = torch.tensor(prompt)
-        mask[row, longest - len(prompt) :] = 1
+    ids, mask = left_padded([torch.tensor(prompt) for prompt in prompts], pad_id=1)
     with torch.inference_mode():
         plain = target.generate(ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=1)
-    eos = int(plain[0, longest + 8])  # a token row 0 writes after a few steps: rows end at different rounds
+    eos = int(plain[0, ids.shape[1] + 8])  # a token row 0 writes after a few steps: rows end at different rounds
     with torch.inference_mode():
         expected = target.generate(
             ids, attention_mask=mask, max_new_tokens=30, do_sample=False, pad_token_id=1, eos_token_id=eos

@@ -88,7 +88,7 @@ def _one_prompt(item: PromptLike, index: int) -> torch.Tensor:
     return ids.long()
 
 
-def left_padded(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(prompts: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids [B, P], attention_mask [B, P]): the prompts right-aligned, as a left-padding tokenizer gives."""
     width = max(p.shape[0] for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)

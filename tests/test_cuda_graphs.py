@@ -244,3 +244,25 @@ def test_a_prepared_wrapper_passed_as_the_model_generates_as_the_model():
     )  # fmt: skip
     assert torch.equal(result.sequences, reference)
     assert graphs_of(backend, target, "target").stats.captures > 0  # the same wrapper's graphs served it
+
+
+def test_the_cli_session_runs_both_its_generates_on_a_graph_wrapped_target():
+    """The CLI's benchmark compares against transformers' own `generate` of the session's target, which the CUDA
+    backend has wrapped (a GPU run failed with "'GraphedCausalLM' object has no attribute 'generate'")."""
+    import argparse
+
+    from assisted_backends.cli.session import Session
+
+    target, draft = pair("llama")
+    backend = CUDABackendOnCPU()
+    wrapped, wrapped_draft = backend.prepare(target, "target"), backend.prepare(draft, "draft")
+    tokenizer = argparse.Namespace(pad_token_id=0, eos_token_id=None)
+    args = argparse.Namespace(
+        do_sample=False, temperature=None, top_k=None, top_p=None, repetition_penalty=1.2, prompt_lookup=None,
+        assistant_early_exit=None, num_assistant_tokens=None, schedule="adaptive", seed=None, static_shapes=False,
+    )  # fmt: skip
+    session = Session(args=args, backend=backend, target=wrapped, tokenizer=tokenizer, draft=wrapped_draft)
+    prompt = random_prompt(6, seed=6)
+    theirs = session.transformers_generate(prompt, torch.ones_like(prompt), MAX_NEW_TOKENS)
+    ours = session.generate(prompt, MAX_NEW_TOKENS, assisted=True, ignore_eos=True)
+    assert torch.equal(ours.sequences, theirs)

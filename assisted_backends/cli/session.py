@@ -13,6 +13,7 @@ import torch
 
 import assisted_backends
 from assisted_backends.backends import Backend, BackendOptions, resolve_backend
+from assisted_backends.backends.base import unprepared
 from assisted_backends.backends.cpu import affinity
 from assisted_backends.cli.loading import default_assistant
 from assisted_backends.cli.preflight import SAVED_DRAFTING, require_local_default
@@ -146,8 +147,8 @@ class Session:
         `max_new_tokens` new tokens per row (EOS ignored, as the benchmark's cases are)."""
         args = self.args
         sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p) if args.do_sample else {}
-        with torch.inference_mode():
-            return self.target.generate(
+        with torch.inference_mode():  # the model itself, not the backend's wrapper (CUDA graphs)
+            return unprepared(self.target).generate(
                 input_ids.to(self.backend.device),
                 attention_mask=attention_mask.to(self.backend.device),
                 max_new_tokens=max_new_tokens,

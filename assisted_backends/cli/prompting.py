@@ -96,23 +96,12 @@ def generate_queue(session, prompts: list[torch.Tensor], slots: int):
     from assisted_backends.api.queue import generate_queue as run_queue
 
     args = session.args
-    drafting = {}
-    if session.assisted:
-        drafting = dict(
-            assistant_model=session.draft,
-            prompt_lookup_num_tokens=args.prompt_lookup,
-            assistant_early_exit=args.assistant_early_exit,
-        )
-        if session.draft is not None and session.draft_tokenizer is not None:
-            drafting.update(tokenizer=session.tokenizer, assistant_tokenizer=session.draft_tokenizer)
-    pad_id = next(
-        (int(t) for t in (session.tokenizer.pad_token_id, session.tokenizer.eos_token_id) if t is not None), 0
-    )
+    drafting = session.drafting_arguments() if session.assisted else {}
     return run_queue(
         session.target, prompts, slots=slots, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
         num_assistant_tokens=args.num_assistant_tokens, schedule=args.schedule, seed=args.seed,
-        static_shapes=args.static_shapes, pad_token_id=pad_id, backend=session.backend, **drafting,
+        static_shapes=args.static_shapes, pad_token_id=session.pad_id(), backend=session.backend, **drafting,
     )  # fmt: skip
 
 

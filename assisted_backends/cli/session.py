@@ -105,15 +105,7 @@ class Session:
         """One `assisted_backends.generate` call with the session's flags (`streamer`: see cli.prompting;
         a batch comes left-padded with its `attention_mask`)."""
         args = self.args
-        drafting = {}
-        if assisted:
-            drafting = dict(
-                assistant_model=self.draft,
-                prompt_lookup_num_tokens=args.prompt_lookup,
-                assistant_early_exit=args.assistant_early_exit,
-            )
-            if self.draft is not None and self.draft_tokenizer is not None:
-                drafting.update(tokenizer=self.tokenizer, assistant_tokenizer=self.draft_tokenizer)
+        drafting = self.drafting_arguments() if assisted else {}
         return assisted_backends.generate(
             self.target,
             input_ids,
@@ -128,14 +120,25 @@ class Session:
             seed=args.seed,
             static_shapes=args.static_shapes,
             eos_token_id=[] if ignore_eos else None,
-            pad_token_id=self._pad_id() if (ignore_eos or attention_mask is not None) else None,
+            pad_token_id=self.pad_id() if (ignore_eos or attention_mask is not None) else None,
             streamer=streamer,
             backend=self.backend,
             attention_mask=attention_mask,
             **drafting,
         )
 
-    def _pad_id(self) -> int:
+    def drafting_arguments(self) -> dict:
+        """The drafter the flags chose, as `generate` / `generate_queue` take it."""
+        drafting = dict(
+            assistant_model=self.draft,
+            prompt_lookup_num_tokens=self.args.prompt_lookup,
+            assistant_early_exit=self.args.assistant_early_exit,
+        )
+        if self.draft is not None and self.draft_tokenizer is not None:
+            drafting.update(tokenizer=self.tokenizer, assistant_tokenizer=self.draft_tokenizer)
+        return drafting
+
+    def pad_id(self) -> int:
         """What finished rows are padded with: the tokenizer's pad token, else its EOS, else 0."""
         for token in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id):
             if token is not None:

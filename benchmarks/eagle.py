@@ -2,6 +2,7 @@
 (this package's and transformers') and the head combined with lookup, on prompts the heads never saw.
 
     python -m benchmarks.eagle                                   # both targets, fp32, 1 and 2 threads
+    python -m benchmarks.eagle --dtypes fp32 int4                # and the quantized path (the .gguf kept int4)
     python -m benchmarks.eagle --targets smollm2-135m-instruct --threads 1 --quick
     python -m benchmarks.eagle --heads smollm2-135m-instruct=/path/to/head
     python -m benchmarks.eagle --widths --targets smollm2-135m-instruct --threads 1   # tree drafting's premise
@@ -15,7 +16,9 @@ medians; every output of this package is checked token-identical to transformers
 
 Reported per case: α and E (tokens per speculative round, the target's own token included) of the best constant-γ
 head run, c (one head chain step, its logits over the draft vocabulary mapped onto the target's, / one target
-decode step), S_E = E / (γc + 1), and every method's speed-up over transformers' plain `generate`.
+decode step), S_E = E / (γc + 1), and every method's speed-up over transformers' plain `generate` and over this
+package's plain decoding. `int4` is the quantized CPU path (`AssistedGenerator` on the model's `.gguf`, its
+blocks repacked for PyTorch's int4 kernels, batch-invariant attention): the fastest precision here.
 """
 
 from __future__ import annotations
@@ -28,12 +31,22 @@ from pathlib import Path
 
 import torch
 
-from assisted_backends import generate
+from assisted_backends import AssistedGenerator, generate
 from assisted_backends.drafters.eagle import load_head
 from assisted_backends.drafters.eagle.build import prepared_head
 from assisted_backends.drafters.eagle.cache import HeadCache
 from assisted_backends.loading.files import cache_root
-from benchmarks.harness import RESULTS, command_line, interleaved, measured_limit, step_seconds, write_result
+from assisted_backends.loading.models import load_tokenizer
+from assisted_backends.model_facts import ModelFacts
+from benchmarks.harness import (
+    RESULTS,
+    command_line,
+    ensure_real_gguf,
+    interleaved,
+    measured_limit,
+    step_seconds,
+    write_result,
+)
 from benchmarks.real_models import DTYPES, LOOKUP_TOKENS, TASKS, load, prompt_ids
 
 OPEN_TASKS = {
@@ -43,6 +56,21 @@ OPEN_TASKS = {
 }
 ALL_TASKS = {**OPEN_TASKS, "edit": TASKS["edit"], "summarize": TASKS["summarize"]}
 TARGETS = ("smollm2-135m-instruct", "gemma-3-270m")
+PRECISIONS = (*DTYPES, "int4")
+_QUANTIZED: dict[str, torch.nn.Module] = {}
+
+
+def load_target(name: str, precision: str) -> tuple[torch.nn.Module, object]:
+    """(the target, its tokenizer) with EOS ignored. `int4`: the `.gguf` loaded by `AssistedGenerator` with its
+    quantization kept (cached across cases)."""
+    if precision != "int4":
+        return load(name, DTYPES[precision])
+    if name not in _QUANTIZED:
+        model = AssistedGenerator(str(ensure_real_gguf(name)), device="cpu").model
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+        _QUANTIZED[name] = model
+    return _QUANTIZED[name], load_tokenizer(str(ensure_real_gguf(name)))
 
 
 def default_head_dir(target: str) -> Path:
@@ -59,7 +87,7 @@ def head_step_seconds(head, target, prompt: torch.Tensor, repeats: int = 15) -> 
     cache = HeadCache(1, config.num_key_value_heads, config.attention_head_dim, length + 8,
                       torch.zeros(1, dtype=torch.long), False, weight.dtype, weight.device)  # fmt: skip
     cache.length = length
-    vocab = int(target.get_output_embeddings().weight.shape[0])
+    vocab = ModelFacts.of(target).vocab_size
     token, hidden = prompt[:, -1:], torch.randn(1, 1, config.hidden_size, dtype=weight.dtype)
     position = torch.tensor([[length]])
 
@@ -79,7 +107,7 @@ def tokens_of(output) -> list[int]:
 
 def measure(target_name: str, head_dir: Path, dtype: str, threads: int, task: str, args) -> dict:
     torch.set_num_threads(threads)
-    target, tokenizer = load(target_name, DTYPES[dtype])
+    target, tokenizer = load_target(target_name, dtype)
     head = load_head(head_dir)
     prompt = prompt_ids(tokenizer, task) if task not in OPEN_TASKS else _chat(tokenizer, OPEN_TASKS[task])
     new = args.new_tokens
@@ -99,6 +127,7 @@ def measure(target_name: str, head_dir: Path, dtype: str, threads: int, task: st
 
     cases: dict[str, Callable[[], object]] = {
         "hf_plain": hf(),
+        "ours_plain": ours(),
         "hf_lookup": hf(prompt_lookup_num_tokens=LOOKUP_TOKENS),
         "ours_lookup": ours(prompt_lookup_num_tokens=LOOKUP_TOKENS),
         "eagle_adaptive": ours(assistant_model=head),
@@ -133,6 +162,7 @@ def measure(target_name: str, head_dir: Path, dtype: str, threads: int, task: st
         "median_s": {n: round(v, 4) for n, v in median.items()},
         "spread_s": {n: [round(low, 4), round(high, 4)] for n, (low, high) in timings.spread().items()},
         "speedup_vs_hf_plain": speedups,
+        "speedup_vs_ours_plain": {n: round(median["ours_plain"] / v, 3) for n, v in median.items()},
         "identical_to_hf_plain": identical,
         "best_constant": best,
         "gamma": gamma,
@@ -156,7 +186,7 @@ def verify_widths(
     from benchmarks.harness import random_context
 
     torch.set_num_threads(threads)
-    target, _ = load(target_name, DTYPES[dtype])
+    target, _ = load_target(target_name, dtype)
     context = random_context(int(target.get_output_embeddings().weight.shape[0]), 160, seed=0)
     seconds = {w: step_seconds(target, context, w, repeats=repeats, warmup=2) for w in widths}
     return {"target": target_name, "dtype": dtype, "threads": threads,
@@ -170,13 +200,14 @@ def _chat(tokenizer, text: str) -> torch.Tensor:
 
 
 def summary_line(r: dict) -> str:
-    s = r["speedup_vs_hf_plain"]
+    s = r["speedup_vs_ours_plain"]
     flag = "" if all(v for n, v in r["identical_to_hf_plain"].items()) else " | NOT IDENTICAL"
     return (
         f"{r['target']:<22} {r['task']:<10} {r['dtype']} {r['threads']}t"
         f" | {r['best_constant']} {s[r['best_constant']]:.2f}x"
         f" | adaptive {s['eagle_adaptive']:.2f}x | +lookup {s['eagle+lookup']:.2f}x | lookup {s['ours_lookup']:.2f}x"
-        f" (HF {s['hf_lookup']:.2f}x) | α {r['alpha']:.2f} E {r['tokens_per_round_E']:.2f} c {r['c']:.3f}"
+        f" (HF {s['hf_lookup']:.2f}x, HF plain {s['hf_plain']:.2f}x) vs our plain"
+        f" | α {r['alpha']:.2f} E {r['tokens_per_round_E']:.2f} c {r['c']:.3f}"
         f" S_E {r['S_E']:.2f}{flag}"
     )
 
@@ -186,7 +217,7 @@ def main() -> None:
     parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
     parser.add_argument("--heads", nargs="*", default=[], help="TARGET=DIR (default <cache>/eagle_heads/TARGET)")
     parser.add_argument("--tasks", nargs="+", choices=sorted(ALL_TASKS), default=list(ALL_TASKS))
-    parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), default=["fp32"])
+    parser.add_argument("--dtypes", nargs="+", choices=PRECISIONS, default=["fp32"])
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)

@@ -128,3 +128,32 @@ def test_memory_stats_and_describe_come_from_torch_cuda():
     facts = backend.describe()
     expected = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     assert facts["target_dtype"] == expected and facts["gpu"] == torch.cuda.get_device_name()
+
+
+def test_train_draft_on_the_gpu_then_its_head_drafts_there(tmp_path):
+    """`train-draft --device cuda` (bf16 target) raises held-out acceptance; the head then drafts for the fp32
+    target on the GPU (graphs on by default: such a call steps the target eagerly), token-identical."""
+    from eagle_fixtures import DEMO_DIR, demo_prompts
+    from transformers import AutoModelForCausalLM
+
+    from assisted_backends.train_draft.trainer import TrainSettings, train
+
+    lines = (DEMO_DIR / "held_out.txt").read_text().splitlines(keepends=True)
+    (tmp_path / "texts").mkdir()
+    per = len(lines) // 24
+    for i in range(24):
+        (tmp_path / "texts" / f"doc{i:02d}.py").write_text("".join(lines[i * per : (i + 1) * per]))
+    settings = TrainSettings(
+        target=str(DEMO_DIR / "target"), text=(str(tmp_path / "texts"),), output=str(tmp_path / "run"), minutes=5.0,
+        data_share=0.9, prompt_tokens=24, new_tokens=24, generation_batch=16, held_out=8, max_sequences=64,
+        max_steps=60, draft_vocab=512, top_k=4, steps=3, batch_size=8, learning_rate=3e-3, eval_every_s=1e9,
+        checkpoint_every_s=1e9, progress_bar=False, device="cuda",
+    )  # fmt: skip
+    result = train(settings)
+    assert result.after.acceptance > result.before.acceptance + 0.03
+    target = AutoModelForCausalLM.from_pretrained(DEMO_DIR / "target", dtype=torch.float32).to("cuda").eval()
+    prompt = torch.tensor(demo_prompts(1, 20, seed=99), device="cuda")
+    out = generate(target, prompt, assistant_model=str(tmp_path / "run"), max_new_tokens=MAX_NEW_TOKENS,
+                   num_assistant_tokens=3)  # fmt: skip
+    assert torch.equal(out.sequences, target_greedy(target, prompt, MAX_NEW_TOKENS))
+    assert out.stats.accepted > 0

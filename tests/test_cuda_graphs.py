@@ -266,3 +266,19 @@ def test_the_cli_session_runs_both_its_generates_on_a_graph_wrapped_target():
     theirs = session.transformers_generate(prompt, torch.ones_like(prompt), MAX_NEW_TOKENS)
     ours = session.generate(prompt, MAX_NEW_TOKENS, assisted=True, ignore_eos=True)
     assert torch.equal(ours.sequences, theirs)
+
+
+def test_an_eagle_head_drafts_for_a_graph_wrapped_target_which_then_steps_eagerly():
+    """A head reads the target's features with forward hooks, which a graph replay does not run: the target of
+    such a call steps eagerly through the same static cache (it used to be refused), exact, no graph replayed."""
+    from eagle_fixtures import trained_head
+
+    target, _ = pair("llama")
+    head = trained_head(target, steps=40)
+    backend = CUDABackendOnCPU()
+    prompt = random_prompt(6, seed=6)
+    result = generate(target, prompt, max_new_tokens=MAX_NEW_TOKENS, backend=backend, assistant_model=head,
+                      num_assistant_tokens=3, cache_layout="static")  # fmt: skip
+    assert torch.equal(result.sequences, reference_greedy(target, prompt, MAX_NEW_TOKENS))
+    assert result.stats.drafted > 0 and result.stats.drafting_stopped is None
+    assert backend.runtimes and not any(graph.replays for runtime in backend.runtimes for graph in runtime.graphs)

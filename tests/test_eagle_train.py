@@ -3,9 +3,11 @@ the run resumes where it stopped, and its output directory is a head that `gener
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 import torch
@@ -15,6 +17,12 @@ from tiny_models import reference_greedy
 from assisted_backends import generate
 from assisted_backends.drafters.eagle import is_eagle_checkpoint, load_head
 from assisted_backends.train_draft.cli import parser, settings_from
+from assisted_backends.train_draft.corpus import (
+    OPEN_REQUESTS,
+    Document,
+    PromptSource,
+    prose_words,
+)
 from assisted_backends.train_draft.trainer import TrainSettings, train
 from assisted_backends.train_draft.vocab import choose_vocabulary
 
@@ -74,10 +82,47 @@ def test_the_draft_vocabulary_is_the_targets_most_chosen_tokens():
 
 def test_command_line_maps_onto_settings():
     args = parser().parse_args(["smollm2-135m-instruct", "--text", "a", "b", "-o", "out", "--minutes", "60",
-                                "--chat-share", "0.8", "--draft-vocab", "4096"])  # fmt: skip
+                                "--chat-share", "0.8", "--open-share", "0.3", "--draft-vocab", "4096"])  # fmt: skip
     settings = settings_from(args)
     assert settings.target == "smollm2-135m-instruct" and settings.text == ("a", "b") and settings.minutes == 60
-    assert settings.chat_share == 0.8 and settings.draft_vocab == 4096 and settings.embed_tokens is True
+    assert settings.chat_share == 0.8 and settings.open_share == 0.3
+    assert settings.draft_vocab == 4096 and settings.embed_tokens is True
     help_text = subprocess.run([sys.executable, "-m", "assisted_backends.train_draft", "--help"],
                                capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert "--minutes" in help_text and "SpecForge" in help_text
+
+
+class CharacterTokenizer:
+    """A stand-in tokenizer (one id per character) with a chat template, enough for the prompt source's logic."""
+
+    chat_template = "{{ messages }}"
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(map(chr, ids))
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool, tokenize: bool) -> list[int]:
+        return self(f"<user>{messages[0]['content']}<assistant>")["input_ids"]
+
+
+def test_open_requests_take_their_topics_from_prose_lines_not_code():
+    text = "def parse_header(raw_bytes, offset):\n    return unpack_from(raw_bytes, offset)\n" \
+           "# The mailbox keeps every message until the reader deletes it explicitly.\n"  # fmt: skip
+    words = prose_words(text)
+    assert "mailbox" in words and "message" in words and "parse_header" not in words and "unpack_from" not in words
+    documents = [Document(f"doc{i}.py", text * 8) for i in range(3)]
+    tokenizer = CharacterTokenizer()
+    prompts = [tokenizer.decode(p) for p in itertools.islice(PromptSource(documents, tokenizer, 40, 0, 1.0, 1.0), 50)]
+    assert all(p.startswith("<user>") and p.endswith("<assistant>") for p in prompts)
+    topics_seen = {w for w in words if any(w in p for p in prompts)}
+    assert topics_seen and any(p.count(" and ") for p in prompts)
+    templates = {t.split("{topic}")[0] for t in OPEN_REQUESTS}
+    assert len({next(t for t in templates if p[len("<user>") :].startswith(t)) for p in prompts}) > 10
+
+    mixed = list(itertools.islice(PromptSource(documents, tokenizer, 40, 1, 0.5, 0.5), 400))
+    kinds = Counter("open" if any(tokenizer.decode(p)[6:].startswith(t) for t in templates) else
+                    "chat" if tokenizer.decode(p).startswith("<user>") else "raw" for p in mixed)  # fmt: skip
+    assert abs(kinds["open"] / 400 - 0.25) < 0.07 and abs(kinds["chat"] / 400 - 0.25) < 0.07
+    assert abs(kinds["raw"] / 400 - 0.5) < 0.07

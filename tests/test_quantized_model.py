@@ -127,3 +127,32 @@ def test_requantizing_schemes_stay_within_half_a_step_of_the_file(files, scheme)
 def test_unknown_scheme_is_refused(files):
     with pytest.raises(ValueError, match="scheme"):
         load_gguf_quantized(files["q4_0"], scheme="int3")
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q8_0"])
+def test_a_quantized_table_gives_a_head_the_dense_embedding_rows(files, name):
+    from assisted_backends.drafters.eagle.build import target_embedding
+
+    dense = load_gguf_quantized(files[name], scheme="dense", tokenizer=False).model.get_input_embeddings()
+    rows, count, width = target_embedding(load_gguf_quantized(files[name], tokenizer=False).model)
+    assert (count, width) == tuple(dense.weight.shape)
+    assert (rows(IDS) - dense(IDS)).abs().max() <= 1e-2 * dense.weight.abs().max()  # bf16 scales: ~0.4%
+
+
+def test_an_eagle_head_without_embeddings_drafts_for_a_gguf_target(files):
+    # A quantized table has no `weight`: a head that carries no embed_tokens embeds with its dequantized rows,
+    # and drafts for the quantized target as it does for the same weights dense.
+    from eagle_fixtures import trained_head
+
+    from assisted_backends import generate
+
+    dense = load_gguf_quantized(files["q4_0"], scheme="dense", tokenizer=False).model
+    head = trained_head(dense, steps=150, sequences=48)
+    assert head.embed_tokens is None
+    target = load_gguf_quantized(files["q4_0"], tokenizer=False).model
+    assert isinstance(target.get_input_embeddings(), QuantizedEmbedding)
+    plain = generate(target, IDS, max_new_tokens=24).sequences
+    drafted = generate(target, IDS, max_new_tokens=24, assistant_model=head, num_assistant_tokens=3)
+    on_dense = generate(dense, IDS, max_new_tokens=24, assistant_model=head, num_assistant_tokens=3)
+    assert torch.equal(drafted.sequences, plain)
+    assert drafted.stats.accepted > 0 and drafted.stats.accepted == on_dense.stats.accepted

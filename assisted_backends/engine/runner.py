@@ -51,6 +51,13 @@ class ModelRunner:
         self.head = OnDemandHead.of(model) if head_on_demand else None
         self.feature_tap = None  # a drafter reading hidden states (`drafters.eagle`): `.capture(start)` per forward
 
+    def run_eagerly(self) -> None:
+        """Step the model a backend wrapped (CUDA graphs name it `prepared_from`) directly, with the same cache:
+        for drafters that read hidden states with forward hooks, which a graph replay does not run."""
+        self.model = getattr(self.model, "prepared_from", self.model)
+        self._pass_cache_position = hf_compat.forward_accepts(self.model, "cache_position")
+        self._keep_last = hf_compat.logits_to_keep_kwargs(self.model, 1)
+
     @property
     def head_ready(self) -> bool:
         """Whether `forward(..., hidden_only=True)` may be used (the head's check passed)."""

@@ -130,14 +130,19 @@ class QuantizedEmbedding(nn.Module):
         )
         self.packed_layout = layout() if table.scheme == "int4" else None  # resolved once, outside forward
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def unscaled_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The dequantized rows [..., K] of `input_ids`, before `embed_scale`: what `weight[input_ids]` is for an
+        nn.Embedding (an EAGLE-3 head embeds tokens with this)."""
         flat = input_ids.reshape(-1)
         if self.scheme == "int8":
             rows = Int8Weight(self.codes, self.scales).rows(flat)
         else:
             weight = Int4Weight(self.packed, self.scale_zeros, self.group_size, self.planes, self.embedding_dim)
             rows = weight.rows(flat, self.packed_layout)
-        rows = rows.view(*input_ids.shape, self.embedding_dim)
+        return rows.view(*input_ids.shape, self.embedding_dim)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.unscaled_rows(input_ids)
         return rows if self.embed_scale is None else rows * self.embed_scale
 
     def extra_repr(self) -> str:

@@ -52,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-share", type=float, default=DEFAULTS.chat_share, help="share of the prompts that are "
                    "chat turns asking about a text window, when the tokenizer has a chat template (default "
                    "%(default)s; 0: raw text continuation only)")  # fmt: skip
+    p.add_argument("--open-share", type=float, default=DEFAULTS.open_share, help="share of the chat turns that "
+                   "are open-ended requests (a story, an explanation, advice) about a topic word taken from the "
+                   "text's prose lines, the rest asking about a text window (default %(default)s)")  # fmt: skip
     p.add_argument("--extensions", nargs="+", default=list(DEFAULTS.extensions), help="file suffixes read from "
                    "directories")  # fmt: skip
     p.add_argument("--no-embed-tokens", action="store_true", help="leave embed_tokens out of the head (the EAGLE "
@@ -83,6 +86,7 @@ def settings_from(args: argparse.Namespace) -> TrainSettings:
         seed=args.seed,
         device=args.device,
         chat_share=args.chat_share,
+        open_share=args.open_share,
         extensions=tuple(args.extensions),
         embed_tokens=not args.no_embed_tokens,
         progress_bar=not args.no_progress,

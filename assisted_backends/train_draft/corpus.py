@@ -2,16 +2,18 @@
 held-out, and cut into prompts.
 
 A prompt is a window of about `prompt_tokens` tokens starting at a line of a document. When the target's
-tokenizer has a chat template, a share `chat_share` of the prompts are instead a user turn that asks something
-about a window (explain it, continue it, summarise it, a story inspired by it, ...), rendered with the template
-up to the assistant's opener: the target then answers as it does in a chat, which is the text it drafts for in
-use. The draws are seeded.
+tokenizer has a chat template, a share `chat_share` of the prompts are instead a user turn, rendered with the
+template up to the assistant's opener, so that the target answers as it does in a chat (the text it drafts for
+in use). Of those, a share `open_share` are open-ended requests (a story, an explanation, advice, a poem, ...)
+about a topic: one or two words drawn from the prose lines of a document (comments, docstrings, sentences);
+the rest ask something about a window (explain it, continue it, summarise it, ...). The draws are seeded.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,45 @@ INSTRUCTIONS = (
     "Write a short story inspired by the following.",
     "Ask one question about the following and answer it.",
 )
+
+OPEN_REQUESTS = (
+    "Write a short story about {topic}.",
+    "Tell me a story in which {topic} plays a part.",
+    "Write a poem about {topic}.",
+    "Explain {topic} in simple terms.",
+    "What is {topic}? Answer in a short paragraph.",
+    "Why does {topic} matter? Give a few reasons.",
+    "Describe {topic} to someone who has never heard of it.",
+    "Give me some advice about {topic}.",
+    "List five facts about {topic}.",
+    "How would you teach a child about {topic}?",
+    "Write a short letter to a friend about {topic}.",
+    "What are the pros and cons of {topic}?",
+    "Compare {topic} with something from everyday life.",
+    "Write a dialogue between two people discussing {topic}.",
+    "Describe a day in the life of someone who works with {topic}.",
+    "Give step-by-step instructions for getting started with {topic}.",
+    "What questions do people often ask about {topic}? Answer two of them.",
+    "Summarize the history of {topic} in a few sentences.",
+    "Write an encouraging message for someone who finds {topic} hard.",
+    "Imagine a world without {topic}. What would change?",
+    "Write the opening paragraph of a blog post about {topic}.",
+    "What is a common misconception about {topic}?",
+)
+_WORD = re.compile(r"[A-Za-z]+")
+
+
+def prose_words(text: str) -> list[str]:
+    """Lower-case words of 5-12 letters from the prose lines of `text`: lines of at least five words that are
+    mostly plain words (comments, docstrings, sentences), so that code identifiers rarely become topics."""
+    words = []
+    for line in text.splitlines():
+        parts = line.replace("#", " ").split()
+        plain = [p.strip(".,;:!?()\"'") for p in parts]
+        plain = [p for p in plain if _WORD.fullmatch(p)]
+        if len(parts) >= 5 and len(plain) >= 0.8 * len(parts):
+            words += [p.lower() for p in plain if 5 <= len(p) <= 12]
+    return words
 
 
 @dataclass(frozen=True)
@@ -71,12 +112,35 @@ def split_documents(documents: list[Document], held_out_share: float = 0.05) -> 
 class PromptSource:
     """Seeded prompts (token id lists) from `documents` for the target's `tokenizer`."""
 
-    def __init__(self, documents: list[Document], tokenizer, prompt_tokens: int, seed: int, chat_share: float) -> None:
+    def __init__(
+        self, documents: list[Document], tokenizer, prompt_tokens: int, seed: int, chat_share: float,
+        open_share: float = 0.0,
+    ) -> None:  # fmt: skip
         self.documents = documents
         self.tokenizer = tokenizer
         self.prompt_tokens = prompt_tokens
         self.random = random.Random(seed)
         self.chat_share = chat_share if getattr(tokenizer, "chat_template", None) is not None else 0.0
+        self.open_share = open_share
+        self._words: dict[str, list[str]] = {}
+
+    def _topic(self) -> str | None:
+        """One or two prose words of a random document (None when it has none)."""
+        doc = self.random.choice(self.documents)
+        if doc.name not in self._words:
+            self._words[doc.name] = prose_words(doc.text)
+        words = self._words[doc.name]
+        if not words:
+            return None
+        if self.random.random() < 0.3:
+            return f"{self.random.choice(words)} and {self.random.choice(words)}"
+        return self.random.choice(words)
+
+    def _chat(self, message: str) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True
+        )
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def _window(self) -> str:
         doc = self.random.choice(self.documents)
@@ -88,15 +152,17 @@ class PromptSource:
 
     def __iter__(self) -> Iterator[list[int]]:
         while True:
+            kind = self.random.random()  # [0, chat·open): open request; [.., chat): about a window; else raw
+            if kind < self.chat_share * self.open_share:
+                topic = self._topic()
+                if topic is not None:
+                    yield self._chat(self.random.choice(OPEN_REQUESTS).format(topic=topic))
+                continue
             window = self._window()
             if not window.strip():
                 continue
-            if self.random.random() < self.chat_share:
-                message = f"{self.random.choice(INSTRUCTIONS)}\n\n{window}"
-                ids = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True
-                )
-                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            if kind < self.chat_share:
+                ids = self._chat(f"{self.random.choice(INSTRUCTIONS)}\n\n{window}")
             else:
                 ids = self.tokenizer(window)["input_ids"]
             if len(ids) >= 2:

@@ -65,6 +65,7 @@ class TrainSettings:
     seed: int = 0
     device: str = "auto"
     chat_share: float = 0.5
+    open_share: float = 0.5
     extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
     embed_tokens: bool = True
     progress_bar: bool = True
@@ -202,7 +203,8 @@ class Progress:
 
 
 def _prompts(documents, tokenizer, settings: TrainSettings, seed: int, skip: int):
-    source = iter(PromptSource(documents, tokenizer, settings.prompt_tokens, seed, settings.chat_share))
+    source = iter(PromptSource(documents, tokenizer, settings.prompt_tokens, seed, settings.chat_share,
+                               settings.open_share))  # fmt: skip
     return itertools.islice(source, skip, None)
 
 

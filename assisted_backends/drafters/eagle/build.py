@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -60,8 +61,31 @@ def target_hidden_size(model: torch.nn.Module) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def target_embedding(target: torch.nn.Module) -> tuple[torch.Tensor | Callable[[torch.Tensor], torch.Tensor], int, int]:
+    """The target's input embedding as a head without `embed_tokens` uses it, without the target's own scale:
+    its weight [V, H], or the row lookup of a quantized table (`QuantizedEmbedding.unscaled_rows`); V and H."""
+    embedding = target.get_input_embeddings()
+    weight = getattr(embedding, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight, int(weight.shape[0]), int(weight.shape[-1])
+    rows = getattr(embedding, "unscaled_rows", None)
+    if rows is None:
+        raise OptionError(
+            f"{{name}} carries no embed_tokens and the target's input embedding ({type(embedding).__name__}) has "
+            "no weight to embed tokens with: use a head that carries embed_tokens",
+            name="assistant_model",
+        )
+    return rows, int(embedding.num_embeddings), int(embedding.embedding_dim)
+
+
 def _activation_dtype(target: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
-    weight = target.get_input_embeddings().weight
+    """The dtype and device of the target's activations: its embedding weight's (a quantized table's rows come
+    out in fp32)."""
+    embedding = target.get_input_embeddings()
+    weight = getattr(embedding, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        weight = next(iter(embedding.buffers()))
+        return torch.float32, weight.device
     dtype = weight.dtype if weight.is_floating_point() else torch.float32
     return dtype, weight.device
 
@@ -80,14 +104,14 @@ def prepared_head(head: Eagle3Head, target: torch.nn.Module) -> Eagle3Head:
             prepared.rotary = type(head.rotary)(_rope_config(head.config)).to(device)  # inv_freq kept in fp32
             _PREPARED[head][(dtype, device)] = prepared
     if prepared.embed_tokens is None:
-        embedding = target.get_input_embeddings().weight
-        if embedding.shape[-1] != head.config.hidden_size:
+        embedding, rows, width = target_embedding(target)
+        if width != head.config.hidden_size:
             raise OptionError(
                 f"{{name}} carries no embed_tokens and its width {head.config.hidden_size} differs from the target "
-                f"embedding's {embedding.shape[-1]}: it was trained for another target",
+                f"embedding's {width}: it was trained for another target",
                 name="assistant_model",
             )
-        prepared.use_target_embedding(embedding)
+        prepared.use_target_embedding(embedding, rows)
     return prepared
 
 
@@ -98,10 +122,7 @@ def build_eagle_drafter(
     from assisted_backends.backends.cuda.graphs import GraphedCausalLM
 
     if isinstance(target_runner.model, GraphedCausalLM):
-        raise NotImplementedError(
-            "an EAGLE-3 head reads the target's hidden states with forward hooks, which a CUDA-graph replay does not "
-            "run: disable CUDA graphs for this call (the CUDA backend's graphs option)"
-        )
+        target_runner.run_eagerly()  # the features come from forward hooks, which a graph replay does not run
     target = target_runner.model
     tap = LayerTap(target, head.config.layers_for(hf_compat.text_config(target).num_hidden_layers))
     store = FeatureStore(tap, capacity=getattr(target_runner.layout, "capacity", 0))

@@ -48,7 +48,7 @@ class EagleDrafter(Drafter):
         self.exact = 0  # columns [0, exact) of the head's cache were computed from the target's features
         self._last: torch.Tensor | None = None  # o_{L−2} [B, 1, H] of the latest catch-up
         self._forwards = 0
-        self._embedding_rows = head.embedding_weight().shape[0]
+        self._embedding_rows = head.embedding_rows()
 
     @property
     def forward_count(self) -> int:

@@ -140,16 +140,29 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.rotary = LlamaRotaryEmbedding(_rope_config(config))  # inv_freq is not persistent: not in the state dict
-        self._target_embedding: torch.Tensor | None = None
+        self._target_embedding: torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._target_rows: int | None = None
 
     # --- inputs ---------------------------------------------------------------------------------------------
 
-    def use_target_embedding(self, weight: torch.Tensor | None) -> None:
-        """Embed tokens with the target's input embedding [V, H] (the EAGLE authors' layout ships none). Kept as a
-        plain tensor, never registered: it is the target's, not part of the head's state or its training."""
-        self.__dict__["_target_embedding"] = weight.detach() if weight is not None else None
+    def use_target_embedding(
+        self, table: torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None, rows: int | None = None
+    ) -> None:
+        """Embed tokens with the target's input embedding (the EAGLE authors' layout ships none): its weight [V, H],
+        or a row lookup `ids -> rows` over `rows` ids for a quantized table. Kept outside the module's state, never
+        registered: it is the target's, not part of the head's state or its training."""
+        tensor = isinstance(table, torch.Tensor)
+        self.__dict__["_target_embedding"] = table.detach() if tensor else table
+        self.__dict__["_target_rows"] = int(table.shape[0]) if tensor else rows
 
-    def embedding_weight(self) -> torch.Tensor:
+    def embedding_rows(self) -> int:
+        """How many token ids the head can embed."""
+        if self.embed_tokens is not None:
+            return int(self.embed_tokens.weight.shape[0])
+        self.embedding_weight()  # raises when there is no table
+        return self._target_rows if self._target_rows is not None else self.config.vocab_size
+
+    def embedding_weight(self) -> torch.Tensor | Callable[[torch.Tensor], torch.Tensor]:
         if self.embed_tokens is not None:
             return self.embed_tokens.weight
         if self._target_embedding is None:
@@ -159,7 +172,9 @@ class Eagle3Head(nn.Module):
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """e [B, q, H]: a plain lookup (a target's own embedding scale, e.g. Gemma's √H, is left out: the
         head's input norm makes it irrelevant, and training and decoding do the same)."""
-        return nn.functional.embedding(token_ids, self.embedding_weight()).to(self.fc.weight.dtype)
+        table = self.embedding_weight()
+        rows = nn.functional.embedding(token_ids, table) if isinstance(table, torch.Tensor) else table(token_ids)
+        return rows.to(self.fc.weight.dtype)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """g [B, q, H] = fc([l; m; h]) for target features [B, q, 3 H_t]."""

@@ -215,6 +215,16 @@ def test_cli_takes_a_head_as_assistant_model(tmp_path, capsys, monkeypatch):
     assert plain_data["generated_token_ids"] == assisted_data["generated_token_ids"]
     assert assisted_data["stats"]["drafted"] > 0
 
+    combined = tmp_path / "combined.json"  # a head with prompt lookup: lookup matches first, the head otherwise
+    code = cli_main([*common, "--assistant-model", str(tmp_path / "head"), "--prompt-lookup", "4",
+                     "--num-assistant-tokens", "3", "--json", str(combined)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    combined_data = json.loads(combined.read_text())
+    assert combined_data["generated_token_ids"] == plain_data["generated_token_ids"]
+    assert combined_data["stats"]["drafted"] > 0
+    assert cli_main([*common, "--assistant-model", str(DEMO_DIR / "draft"), "--prompt-lookup", "4"]) == 2
+    assert "choose one way of drafting" in capsys.readouterr().err  # a draft model does not combine
+
 
 def test_a_hub_id_whose_snapshot_is_cached_loads_as_a_head(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

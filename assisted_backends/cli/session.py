@@ -176,7 +176,8 @@ def _pick_models(args: argparse.Namespace, notices: list[str]) -> tuple[str, str
         notices.append(notice.format(target=_size(budget.target), draft=_size(budget.draft)))
         draft = None if (args.no_assisted or args.prompt_lookup or args.assistant_early_exit) else str(pair.draft_dir)
         return str(pair.target_dir), draft, str(pair.held_out_text)
-    wants_draft_model = not (args.no_assisted or args.prompt_lookup or args.assistant_early_exit)
+    lookup_alone = args.prompt_lookup and args.assistant_model is None  # else an EAGLE head (validated) with lookup
+    wants_draft_model = not (args.no_assisted or lookup_alone or args.assistant_early_exit)
     if not wants_draft_model:
         return args.model, None, None
     saved = saved_generation_config(args.model, "-m/--model")

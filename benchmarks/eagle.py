@@ -7,12 +7,15 @@
     python -m benchmarks.eagle --heads smollm2-135m-instruct=/path/to/head
     python -m benchmarks.eagle --widths --targets smollm2-135m-instruct --threads 1   # tree drafting's premise
 
-Heads come from `train-draft` (default location `<cache>/eagle_heads/<target>`, written by
-`train-draft <target> --text /usr/lib/python3.11 --extensions .py --output <that directory> --minutes 60`), trained
-on the standard library's source, never on these prompts. Tasks: three open-ended chat prompts (two questions and
+Heads come from `train-draft` (default location `<cache>/eagle_heads/<target>`, written by the command in
+docs/eagle.md: `train-draft <target> --text /usr/lib/python3.11 --extensions .py --chat-share 0.85 --open-share 0.6
+... --output <that directory> --minutes 60`): the target's answers to prompts made from the standard library's
+source (templated open-ended requests on its prose words, questions about windows of it, raw windows), never
+these prompts. Tasks: three open-ended chat prompts (two questions and
 a story), and the input-grounded `edit` and `summarize` of `benchmarks.real_models` (where prompt lookup shines).
 Greedy, EOS ignored, exactly `--new-tokens` tokens; every method round-robin `--repeats` times after a warm-up,
-medians; every output of this package is checked token-identical to transformers' plain `generate`.
+medians; every output of this package is checked token-identical to its plain decoding (transformers' plain
+`generate` is compared too: on the int4 path its attention is not batch-invariant and may round differently).
 
 Reported per case: α and E (tokens per speculative round, the target's own token included) of the best constant-γ
 head run, c (one head chain step, its logits over the draft vocabulary mapped onto the target's, / one target
@@ -134,11 +137,10 @@ def measure(target_name: str, head_dir: Path, dtype: str, threads: int, task: st
     }
     for gamma in args.gammas:
         cases[f"eagle_constant_{gamma}"] = ours(assistant_model=head, num_assistant_tokens=gamma)
-    cases["eagle+lookup"] = ours(assistant_model=head, prompt_lookup_num_tokens=LOOKUP_TOKENS,
-                                 num_assistant_tokens=max(args.gammas))  # fmt: skip
+    cases["eagle+lookup"] = ours(assistant_model=head, prompt_lookup_num_tokens=LOOKUP_TOKENS)  # adaptive γ
     outputs = {name: run() for name, run in cases.items()}  # warm-up, and the identity check
-    reference = tokens_of(outputs["hf_plain"])
-    identical = {name: tokens_of(out) == reference for name, out in outputs.items()}
+    reference = tokens_of(outputs["ours_plain"])  # the package's plain decoding: on the int4 path, transformers'
+    identical = {name: tokens_of(out) == reference for name, out in outputs.items()}  # own loop rounds otherwise
     timings = interleaved(cases, args.repeats, warmup=0)
     median = timings.medians()
     base = median["hf_plain"]
@@ -163,7 +165,7 @@ def measure(target_name: str, head_dir: Path, dtype: str, threads: int, task: st
         "spread_s": {n: [round(low, 4), round(high, 4)] for n, (low, high) in timings.spread().items()},
         "speedup_vs_hf_plain": speedups,
         "speedup_vs_ours_plain": {n: round(median["ours_plain"] / v, 3) for n, v in median.items()},
-        "identical_to_hf_plain": identical,
+        "identical_to_ours_plain": identical,
         "best_constant": best,
         "gamma": gamma,
         "alpha": round(stats.acceptance_rate or 0.0, 3),
@@ -195,13 +197,18 @@ def verify_widths(
 
 
 def _chat(tokenizer, text: str) -> torch.Tensor:
+    """A user turn up to the assistant's opener; plain text and a blank line for a base model (no chat template),
+    as `train-draft` renders its requests."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return tokenizer(f"{text}\n\n", return_tensors="pt")["input_ids"]
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                          return_tensors="pt", return_dict=True)["input_ids"]  # fmt: skip
 
 
 def summary_line(r: dict) -> str:
     s = r["speedup_vs_ours_plain"]
-    flag = "" if all(v for n, v in r["identical_to_hf_plain"].items()) else " | NOT IDENTICAL"
+    ours = {n: v for n, v in r["identical_to_ours_plain"].items() if not n.startswith("hf_")}
+    flag = "" if all(ours.values()) else " | NOT IDENTICAL: " + " ".join(n for n, v in ours.items() if not v)
     return (
         f"{r['target']:<22} {r['task']:<10} {r['dtype']} {r['threads']}t"
         f" | {r['best_constant']} {s[r['best_constant']]:.2f}x"
@@ -241,8 +248,8 @@ def main() -> None:
     heads = {t: default_head_dir(t) for t in args.targets} | dict(h.split("=", 1) for h in args.heads)
     missing = [f"{t}: {heads[t]}" for t in args.targets if not Path(heads[t]).is_dir()]
     if missing:
-        sys.exit("no head for " + "; ".join(missing) + ". Train one: train-draft TARGET --text /usr/lib/python3.11 "
-                 "--extensions .py --output DIR --minutes 60")  # fmt: skip
+        sys.exit("no head for " + "; ".join(missing) + ". Train one (docs/eagle.md): train-draft TARGET --text "
+                 "/usr/lib/python3.11 --extensions .py --output DIR --minutes 60")  # fmt: skip
     out = Path(args.out) if args.out else RESULTS / ("eagle_quick.json" if args.quick else "eagle.json")
     results = []
     for dtype in args.dtypes:

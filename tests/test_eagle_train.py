@@ -126,3 +126,14 @@ def test_open_requests_take_their_topics_from_prose_lines_not_code():
                     "chat" if tokenizer.decode(p).startswith("<user>") else "raw" for p in mixed)  # fmt: skip
     assert abs(kinds["open"] / 400 - 0.25) < 0.07 and abs(kinds["chat"] / 400 - 0.25) < 0.07
     assert abs(kinds["raw"] / 400 - 0.5) < 0.07
+
+
+def test_a_base_model_gets_its_requests_as_plain_text():
+    class BaseTokenizer(CharacterTokenizer):
+        chat_template = None
+
+    documents = [Document("doc.py", "# The mailbox keeps every message until the reader deletes it explicitly.\n" * 8)]
+    prompts = list(itertools.islice(PromptSource(documents, BaseTokenizer(), 40, 0, 1.0, 1.0), 20))
+    texts = [BaseTokenizer().decode(p) for p in prompts]
+    assert all(t.endswith("\n\n") and "<user>" not in t for t in texts)
+    assert all(any(t.startswith(r.split("{topic}")[0]) for r in OPEN_REQUESTS) for t in texts)

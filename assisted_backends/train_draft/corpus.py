@@ -1,10 +1,10 @@
 """Local text as training prompts: files and directories read once, split by document into training and
 held-out, and cut into prompts.
 
-A prompt is a window of about `prompt_tokens` tokens starting at a line of a document. When the target's
-tokenizer has a chat template, a share `chat_share` of the prompts are instead a user turn, rendered with the
-template up to the assistant's opener, so that the target answers as it does in a chat (the text it drafts for
-in use). Of those, a share `open_share` are open-ended requests (a story, an explanation, advice, a poem, ...)
+A prompt is a window of about `prompt_tokens` tokens starting at a line of a document, or, for a share
+`chat_share` of the prompts, a request, rendered with the tokenizer's chat template up to the
+assistant's opener (as plain text and a blank line for a base model without one), so that the target answers as
+it does in use. Of those, a share `open_share` are open-ended requests (a story, an explanation, advice, a poem, ...)
 about a topic: one or two words drawn from the prose lines of a document (comments, docstrings, sentences);
 the rest ask something about a window (explain it, continue it, summarise it, ...). The draws are seeded.
 """
@@ -120,7 +120,8 @@ class PromptSource:
         self.tokenizer = tokenizer
         self.prompt_tokens = prompt_tokens
         self.random = random.Random(seed)
-        self.chat_share = chat_share if getattr(tokenizer, "chat_template", None) is not None else 0.0
+        self.chat_share = chat_share
+        self.templated = getattr(tokenizer, "chat_template", None) is not None
         self.open_share = open_share
         self._words: dict[str, list[str]] = {}
 
@@ -137,6 +138,10 @@ class PromptSource:
         return self.random.choice(words)
 
     def _chat(self, message: str) -> list[int]:
+        """`message` as a user turn up to the assistant's opener; as plain text then a blank line when the tokenizer
+        has no chat template (a base model continues a request as text)."""
+        if not self.templated:
+            return list(self.tokenizer(f"{message}\n\n")["input_ids"])
         ids = self.tokenizer.apply_chat_template(
             [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True
         )

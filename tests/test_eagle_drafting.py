@@ -192,3 +192,14 @@ def _no_hooks(self):
     from contextlib import nullcontext
 
     return nullcontext({})
+
+
+def test_lookup_first_then_the_head_under_the_adaptive_schedule():
+    """The default schedule with both: lookup rounds and head rounds each get their own schedule; the tokens stay
+    the target's, and the copied span is drafted by lookup."""
+    target, tokenizer = demo_target()
+    text = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n"
+    prompt = tokenizer(text, return_tensors="pt").input_ids
+    result = generate(target, prompt, assistant_model=demo_head(), prompt_lookup_num_tokens=8, max_new_tokens=40)
+    assert torch.equal(result.sequences, reference_greedy(target, prompt, 40))
+    assert result.stats.schedule == "SourceSchedule" and result.stats.accepted > 0

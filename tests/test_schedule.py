@@ -8,6 +8,7 @@ from assisted_backends import generate
 from assisted_backends.engine.schedule import (
     AdaptiveSchedule,
     RoundObservation,
+    SourceSchedule,
     _PositionAcceptance,
     _VerifyCost,
     choose_schedule,
@@ -278,3 +279,23 @@ def test_no_probe_when_too_few_tokens_are_left_to_use_what_it_finds():
     assert any(gamma > 0 for gamma in knowing.chosen[10:-interval]), "probes still run while tokens are left"
     assert all(gamma == 0 for gamma in knowing.chosen[-interval:]), knowing.chosen
     assert any(gamma > 0 for gamma in blind.chosen[-interval - 1 :]), blind.chosen
+
+
+def test_each_drafting_source_learns_its_own_acceptance():
+    """An EAGLE head with prompt lookup first (`SourceSchedule`): rounds alternate between a lookup source that
+    is always right and a head that never is. The head's rounds go plain; the lookup rounds keep drafting deeply.
+    One schedule for both would average them and keep the head drafting."""
+    head = AdaptiveSchedule(max_gamma=8, cost_prior=0.05, horizon=10_000)
+    lookup = AdaptiveSchedule(max_gamma=10, cost_prior=0.0, horizon=10_000)
+    turn = iter(range(10_000))
+    schedule = SourceSchedule({"head": head, "lookup": lookup}, lambda: "lookup" if next(turn) % 2 else "head")
+    for _ in range(200):
+        gamma = schedule.draft_length()
+        accepted = gamma if schedule.current == "lookup" else 0
+        draft_s = 0.0 if schedule.current == "lookup" else 0.05 * gamma
+        schedule.update(RoundObservation(gamma, accepted, draft_s, 1.0 + 0.5 * (gamma > 0)))
+    head_rounds = [g for source, g in schedule.chosen[40:] if source == "head"]
+    lookup_rounds = [g for source, g in schedule.chosen[40:] if source == "lookup"]
+    assert head_rounds.count(0) >= 0.85 * len(head_rounds)
+    assert min(lookup_rounds) >= 8
+    assert head.verify_cost is lookup.verify_cost and head.made == lookup.made

@@ -15,6 +15,7 @@ from assisted_backends.api.plan import GenerationPlan
 from assisted_backends.api.streaming import StreamSink
 from assisted_backends.backends.base import Backend
 from assisted_backends.distributed import agreement
+from assisted_backends.drafters.eagle.combined import LookupOrHead
 from assisted_backends.drafters.factory import build_drafter
 from assisted_backends.engine.joins import Refill
 from assisted_backends.engine.kv_cache import make_layout
@@ -22,6 +23,7 @@ from assisted_backends.engine.loop import LoopSettings, decode
 from assisted_backends.engine.outputs import CommittedScores
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector
+from assisted_backends.engine.schedule import AdaptiveSchedule
 from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.engine.stopping import StopCheck
 from assisted_backends.engine.tokens import TokenBuffer
@@ -131,6 +133,8 @@ def decode_plan(
                 model, options.config, options.input_ids, options.user_pad, config_limit, device, custom
             )
         schedule = plan.schedule.build() if drafter is not None else None
+        if isinstance(drafter, LookupOrHead) and isinstance(schedule, AdaptiveSchedule):
+            schedule = drafter.schedule(schedule, buffer)  # lookup rounds and head rounds learn apart
         stats = GenerationStats(
             drafter=drafter.name if drafter else "none",
             schedule=type(schedule).__name__ if schedule is not None else "none",

@@ -31,6 +31,7 @@ M = 16: once compute-bound passes become cheaper, speculation comes back on.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -366,6 +367,47 @@ class AdaptiveSchedule:
         self.plain_streak = 0
         self.acceptance.update_rows(gamma, rows)  # a batch: one sample per row
         self.draft_step.add(batch, observation.draft_s / gamma)
+
+
+class SourceSchedule:
+    """One adaptive schedule per drafting source, for a drafter that picks its source each round (an EAGLE-3 head
+    with prompt lookup first, `drafters.eagle.combined`): `source()` names the source the next round drafts from,
+    and that source's schedule chooses γ and learns from the round. So each source keeps its own α_i and draft
+    time: lookup's long accepted copies do not make a head that is rarely right draft where lookup has no match,
+    and a source whose drafts do not pay falls back to plain rounds alone. The target's verify cost t_v is one
+    measurement, shared; so are the tokens made (the horizon rules)."""
+
+    def __init__(self, schedules: dict[str, AdaptiveSchedule], source: Callable[[], str]) -> None:
+        self.schedules = schedules
+        self.source = source
+        shared = next(iter(schedules.values()))
+        for schedule in schedules.values():
+            schedule.verify_cost = shared.verify_cost
+        self.current = next(iter(schedules))
+        self.chosen: list[tuple[str, int]] = []  # (source, γ) of every round
+
+    def draft_length(self) -> int:
+        self.current = self.source()
+        gamma = self.schedules[self.current].draft_length()
+        self.chosen.append((self.current, gamma))
+        return gamma
+
+    def update(self, observation: RoundObservation) -> None:
+        schedule = self.schedules[self.current]
+        made = schedule.made
+        schedule.update(observation)
+        for other in self.schedules.values():
+            if other is not schedule:
+                other.made += schedule.made - made
+                other.plain_measured += observation.drafted == 0
+
+    def observe_prefill(self, seconds: float) -> None:
+        for schedule in self.schedules.values():
+            schedule.observe_prefill(seconds)
+
+    def observe_batch(self, rows: int) -> None:
+        for schedule in self.schedules.values():
+            schedule.observe_batch(rows)
 
 
 @dataclass(frozen=True)

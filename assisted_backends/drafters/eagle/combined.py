@@ -4,6 +4,8 @@ Prompt lookup costs nothing to draft and is long and right where the output copi
 summary quoting its passage); the head drafts everywhere else. Each round asks the lookup first: when every
 row has a match of at least two tokens it proposes (up to `lookup_tokens`, exactly γ under static shapes),
 otherwise the head does (within the buffer's scratch space; tokens past the call's limit are never committed).
+Under the adaptive schedule each source has its own (`schedule`): a head that is rarely right stays plain where
+lookup has no match, whatever lookup's acceptance.
 The head keeps receiving the target's features on every round, so after lookup rounds its next proposal catches
 up on the columns it skipped, as after plain rounds. Sampling: a lookup proposal's q
 is a point mass, the head's is its own distribution; either is what the token was drawn from.
@@ -18,6 +20,7 @@ from assisted_backends.drafters.eagle.drafter import EagleDrafter
 from assisted_backends.drafters.prompt_lookup import PromptLookupDrafter, lookup
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.sampling import TokenSelector
+from assisted_backends.engine.schedule import AdaptiveSchedule, SourceSchedule
 from assisted_backends.engine.tokens import TokenBuffer
 
 
@@ -38,6 +41,16 @@ class LookupOrHead(Drafter):
 
     def prefill(self, buffer: TokenBuffer) -> None:
         self.head.prefill(buffer)
+
+    def source(self, buffer: TokenBuffer) -> str:
+        """Where the next round's draft comes from: "lookup" when every row has a match, else "head"."""
+        return "lookup" if self._every_row_matches(buffer) else "head"
+
+    def schedule(self, head: AdaptiveSchedule, buffer: TokenBuffer) -> SourceSchedule:
+        """The adaptive schedule `head` for head rounds, and a free drafter's for lookup rounds (up to the lookup
+        length), each learning from its own rounds (`engine.schedule.SourceSchedule`)."""
+        lookup = AdaptiveSchedule(max_gamma=self.lookup_tokens, cost_prior=0.0, horizon=head.horizon)
+        return SourceSchedule({"head": head, "lookup": lookup}, lambda: self.source(buffer))
 
     def _every_row_matches(self, buffer: TokenBuffer) -> bool:
         rows = buffer.row_starts()

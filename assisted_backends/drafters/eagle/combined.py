@@ -34,6 +34,7 @@ class LookupOrHead(Drafter):
         self.static_shapes = static_shapes
         self.lookup_rounds = 0
         self.head_rounds = 0
+        self.own_lengths = False  # whether lookup rounds get their own γ (`schedule`)
 
     @property
     def forward_count(self) -> int:
@@ -50,6 +51,7 @@ class LookupOrHead(Drafter):
         """The adaptive schedule `head` for head rounds, and a free drafter's for lookup rounds (up to the lookup
         length), each learning from its own rounds (`engine.schedule.SourceSchedule`)."""
         lookup = AdaptiveSchedule(max_gamma=self.lookup_tokens, cost_prior=0.0, horizon=head.horizon)
+        self.own_lengths = True  # γ is now the lookup schedule's own choice on lookup rounds
         return SourceSchedule({"head": head, "lookup": lookup}, lambda: self.source(buffer))
 
     def _every_row_matches(self, buffer: TokenBuffer) -> bool:
@@ -65,9 +67,8 @@ class LookupOrHead(Drafter):
     ) -> Proposal:
         if self._every_row_matches(buffer):
             self.lookup_rounds += 1
-            count = (
-                gamma if self.static_shapes else min(max(gamma, self.lookup_tokens), buffer.capacity - buffer.length)
-            )
+            longest = gamma if self.own_lengths else max(gamma, self.lookup_tokens)  # one schedule: lookup's own length
+            count = gamma if self.static_shapes else min(longest, buffer.capacity - buffer.length)
             return self.lookup.propose(buffer, count, selector, generator)
         self.head_rounds += 1
         return self.head.propose(buffer, gamma, selector, generator)

@@ -189,7 +189,7 @@ def verify_widths(
 
     torch.set_num_threads(threads)
     target, _ = load_target(target_name, dtype)
-    context = random_context(int(target.get_output_embeddings().weight.shape[0]), 160, seed=0)
+    context = random_context(ModelFacts.of(target).vocab_size, 160, seed=0)
     seconds = {w: step_seconds(target, context, w, repeats=repeats, warmup=2) for w in widths}
     return {"target": target_name, "dtype": dtype, "threads": threads,
             "ms": {w: round(1000 * t, 2) for w, t in seconds.items()},

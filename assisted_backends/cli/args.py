@@ -326,12 +326,6 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
-def _names_an_eagle_head(name: str) -> bool:
-    from assisted_backends.drafters.eagle.checkpoint import is_eagle_checkpoint
-
-    return is_eagle_checkpoint(name)
-
-
 def validate(args: argparse.Namespace) -> None:
     """Reject flag combinations that cannot work, with the fix in the message. The rules `generate` has for
     its options are `options.ranges`' (their errors name the option; the CLI says its flag)."""
@@ -343,12 +337,11 @@ def validate(args: argparse.Namespace) -> None:
         "assistant_early_exit": args.assistant_early_exit,
         "num_assistant_tokens": args.num_assistant_tokens,
     }
-    if (
-        args.assistant_model is not None
-        and args.prompt_lookup is not None
-        and _names_an_eagle_head(args.assistant_model)
-    ):
-        given["assistant_model"] = argparse.Namespace(takes_prompt_lookup=True)  # a head takes lookup matches first
+    if args.assistant_model is not None and args.prompt_lookup is not None:
+        from assisted_backends.drafters.eagle.checkpoint import is_eagle_checkpoint  # torch: only when both are given
+
+        if is_eagle_checkpoint(args.assistant_model):  # a head takes lookup matches first
+            given["assistant_model"] = argparse.Namespace(takes_prompt_lookup=True)
     ranges.check_drafting(given)
     ranges.check_shapes(None, args.static_shapes, args.schedule, args.bucket_size)
     ranges.check_sampling(args.do_sample, args.temperature, args.top_k, args.top_p, args.repetition_penalty)

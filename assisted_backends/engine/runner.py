@@ -39,24 +39,26 @@ class ModelRunner:
         position_limit: int | None = None,
         inputs_from: TokenBuffer | None = None,
     ) -> None:
-        self.model = model
         self.layout = layout
         self.step_boundary = step_boundary
         self.forward_count = 0
         self.position_limit = position_limit
         self._max_position = position_limit - 1 if position_limit else None
         self.inputs_from = inputs_from
-        self._pass_cache_position = hf_compat.forward_accepts(model, "cache_position")
-        self._keep_last = hf_compat.logits_to_keep_kwargs(model, 1)
+        self._bind(model)
         self.head = OnDemandHead.of(model) if head_on_demand else None
         self.feature_tap = None  # a drafter reading hidden states (`drafters.eagle`): `.capture(start)` per forward
 
     def run_eagerly(self) -> None:
         """Step the model a backend wrapped (CUDA graphs name it `prepared_from`) directly, with the same cache:
         for drafters that read hidden states with forward hooks, which a graph replay does not run."""
-        self.model = getattr(self.model, "prepared_from", self.model)
-        self._pass_cache_position = hf_compat.forward_accepts(self.model, "cache_position")
-        self._keep_last = hf_compat.logits_to_keep_kwargs(self.model, 1)
+        self._bind(getattr(self.model, "prepared_from", self.model))
+
+    def _bind(self, model: PreTrainedModel) -> None:
+        """Step `model`, with what its forward accepts read once."""
+        self.model = model
+        self._pass_cache_position = hf_compat.forward_accepts(model, "cache_position")
+        self._keep_last = hf_compat.logits_to_keep_kwargs(model, 1)
 
     @property
     def head_ready(self) -> bool:

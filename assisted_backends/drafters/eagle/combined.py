@@ -35,6 +35,7 @@ class LookupOrHead(Drafter):
         self.lookup_rounds = 0
         self.head_rounds = 0
         self.own_lengths = False  # whether lookup rounds get their own γ (`schedule`)
+        self._decided: str | None = None  # the source `source` chose for the round being drafted
 
     @property
     def forward_count(self) -> int:
@@ -44,8 +45,10 @@ class LookupOrHead(Drafter):
         self.head.prefill(buffer)
 
     def source(self, buffer: TokenBuffer) -> str:
-        """Where the next round's draft comes from: "lookup" when every row has a match, else "head"."""
-        return "lookup" if self._every_row_matches(buffer) else "head"
+        """Where the next round's draft comes from: "lookup" when every row has a match, else "head". The schedule
+        asks before the round; `propose` then takes that answer instead of searching again."""
+        self._decided = "lookup" if self._every_row_matches(buffer) else "head"
+        return self._decided
 
     def schedule(self, head: AdaptiveSchedule, buffer: TokenBuffer) -> SourceSchedule:
         """The adaptive schedule `head` for head rounds, and a free drafter's for lookup rounds (up to the lookup
@@ -65,7 +68,8 @@ class LookupOrHead(Drafter):
     def propose(
         self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
     ) -> Proposal:
-        if self._every_row_matches(buffer):
+        chosen, self._decided = self._decided or self.source(buffer), None
+        if chosen == "lookup":
             self.lookup_rounds += 1
             longest = gamma if self.own_lengths else max(gamma, self.lookup_tokens)  # one schedule: lookup's own length
             count = gamma if self.static_shapes else min(longest, buffer.capacity - buffer.length)

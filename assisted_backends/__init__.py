@@ -22,7 +22,7 @@ _LAZY = {
     "GenerationStats": "assisted_backends.engine.stats",
     "disable": "assisted_backends.api.dropin",
     "enable": "assisted_backends.api.dropin",
-    "set_threads": "assisted_backends.backends.cpu.affinity",
+    "set_threads": "assisted_backends.api.threads",
 }
 
 __all__ = [

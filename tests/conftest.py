@@ -6,6 +6,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 torch.set_num_threads(min(2, torch.get_num_threads()))
+from assisted_backends.api.threads import set_threads  # noqa: E402
+
+set_threads(torch.get_num_threads())  # fixed for the suite: no test's first generate call probes its threads
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,8 @@ A call is resolved into a frozen plan (`api.plan`), then run (`api.run`). Argume
   `tokenizer=`), `streamer`: as in `model.generate`;
 - the package's own: `schedule` ("adaptive": γ chosen online, 0 when speculation cannot win; "constant":
   always `num_assistant_tokens`, default 4), `seed`, `cache_layout`, `static_shapes`, and for the device
-  `device`, `dtype`, `draft_precision`, `bucket_size` (or a resolved `backend`).
+  `device`, `dtype`, `draft_precision`, `bucket_size` (or a resolved `backend`), and `threads` (CPU threads;
+  default: measured once per process, `api.threads`).
 Greedy output is token-identical to the target's `model.generate`; sampling draws from the same
 distribution (lossless speculative sampling). `model` / `assistant_model` may name a saved model
 directory, a `.gguf` file (or a directory holding one) or a Hub id (`loading.models`).
@@ -30,6 +31,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from assisted_backends.api.plan import CallSettings, GenerationPlan, plan_generation
+from assisted_backends.api import threads as cpu_threads
 from assisted_backends.api.run import GenerateResult, run
 from assisted_backends.backends.base import Backend, BackendOptions, unprepared
 from assisted_backends.backends.registry import resolve_backend
@@ -63,8 +65,11 @@ class AssistedGenerator:
         draft_precision: str | None = None,
         bucket_size: int | None = None,
         backend: Backend | None = None,
+        threads: int | None = None,
     ) -> None:
         ranges.check_integer("bucket_size", bucket_size, minimum=1)
+        ranges.check_integer("threads", threads, minimum=1)
+        self.threads = threads
         model, assistant_model = unprepared(model), unprepared(assistant_model)  # a backend's wrapper: its model
         self.model, self.assistant_model, self.tokenizer, self.assistant_tokenizer = models.load_arguments(
             model, assistant_model, tokenizer, assistant_tokenizer, dtype, draft_precision
@@ -112,6 +117,7 @@ class AssistedGenerator:
     def generate(self, input_ids: torch.Tensor | None = None, *, streamer=None, **arguments: Any) -> GenerateResult:
         """Plan and run one call (arguments as `generate` takes them, models and device excepted)."""
         plan = self.plan(input_ids, streaming=streamer is not None, **arguments)
+        cpu_threads.for_call(self.model, self.backend.device, self.threads)
         return run(plan, self.model, self.facts, self.backend, self.assistant_model, streamer)
 
     def generate_many(
@@ -126,6 +132,7 @@ class AssistedGenerator:
         `QueueResult` with each prompt's new tokens, in the prompts' order (`on_finish(i, tokens)` as each ends)."""
         from assisted_backends.api.queue import generate_many
 
+        cpu_threads.for_call(self.model, self.backend.device, self.threads)
         return generate_many(self, prompts, slots=slots, on_finish=on_finish, **arguments)
 
 
@@ -141,6 +148,7 @@ def generate(
     draft_precision: str | None = None,
     bucket_size: int | None = None,
     backend: Backend | None = None,
+    threads: int | None = None,
     **arguments: Any,
 ) -> GenerateResult:
     """Generate after `input_ids`, assisted by a drafter when one is asked for (see the module docstring)."""
@@ -154,5 +162,6 @@ def generate(
         draft_precision=draft_precision,
         bucket_size=bucket_size,
         backend=backend,
+        threads=threads,
     )
     return generator.generate(input_ids, **arguments)

@@ -215,6 +215,7 @@ def generate_queue(
     draft_precision: str | None = None,
     bucket_size: int | None = None,
     backend=None,
+    threads: int | None = None,
     **arguments: Any,
 ) -> QueueResult:
     """`generate` for many prompts through `slots` batch rows, each slot refilled as its row ends (see the module
@@ -224,5 +225,6 @@ def generate_queue(
     generator = AssistedGenerator(
         model, assistant_model, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer, device=device,
         dtype=dtype, draft_precision=draft_precision, bucket_size=bucket_size, backend=backend,
+        threads=threads,
     )  # fmt: skip
     return generator.generate_many(prompts, slots=slots, on_finish=on_finish, **arguments)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 import assisted_backends
+from assisted_backends.api import threads as api_threads
 from assisted_backends.backends import Backend, BackendOptions, resolve_backend
 from assisted_backends.backends.base import unprepared
 from assisted_backends.backends.cpu import affinity
@@ -81,8 +82,10 @@ class Session:
             found = probe(current, self.target, self.backend.device, cores)
             if found.threads == current.threads:
                 self.threads = found
+                api_threads.adopt(found)
                 return None
         self.threads = found
+        api_threads.adopt(found)
         return found
 
     def demo_prompt(self) -> str:
@@ -247,5 +250,6 @@ def open_session(args: argparse.Namespace) -> Session:
     cores = affinity.usable_cores()
     if probe_applies(threads, backend.device.type, launch is not None, cores):
         threads = probe(threads, target, backend.device, cores)
+    api_threads.adopt(threads)  # the API's calls run with the CLI's choice and do not probe again
     wait_policy = getattr(args, "wait_policy", "")
     return Session(args, backend, target, tokenizer, draft, draft_tokenizer, notices, text, threads, wait_policy)

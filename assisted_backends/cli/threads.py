@@ -3,7 +3,9 @@
 Order: `--threads` > `$OMP_NUM_THREADS` > a probe. The probe (CPU device, more than one usable core, no
 multi-rank launch) times a few decode steps of the loaded target at 1 thread and at all usable cores,
 alternating, and keeps the faster (more threads must be 10% faster); the benchmark probes again between
-cases. `set_wait_policy` (called before torch is imported) makes idle OpenMP threads sleep instead of
+cases. The measurement itself is the Python API's (`api.threads`), and the CLI's choice is adopted there, so
+its `generate` calls do not probe again. `--threads` above the usable cores is lowered to them, with one
+warning. `set_wait_policy` (called before torch is imported) makes idle OpenMP threads sleep instead of
 spinning, so that a thread descheduled by a busy neighbour does not stall every barrier of a step
 (docs/cli.md, "Threads", has the measurements).
 """
@@ -12,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from assisted_backends.api.threads import ThreadChoice
 
 WAIT_POLICY_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-PROBE_PROMPT_TOKENS = 16
 
 
 def set_wait_policy(environ: dict | None = None) -> str:
@@ -30,28 +34,19 @@ def set_wait_policy(environ: dict | None = None) -> str:
     return "OMP_WAIT_POLICY=PASSIVE (idle threads sleep; set OMP_WAIT_POLICY=ACTIVE to spin)"
 
 
-@dataclass
-class ThreadChoice:
-    """The thread count in use, where it came from (`--threads`, `OMP_NUM_THREADS`, `probe`, `usable cores`),
-    and one line saying why."""
-
-    threads: int
-    source: str
-    reason: str
-
-    def report(self) -> dict[str, str]:
-        return {"threads": str(self.threads), "threads_from": self.source, "threads_reason": self.reason}
-
-
 def initial_choice(args: argparse.Namespace) -> ThreadChoice:
     """Set torch's threads before the models load: the flag, the environment, or every usable core (a probe
     may lower it once the target is loaded)."""
     import torch
 
+    from assisted_backends.api.threads import ThreadChoice, capped
     from assisted_backends.backends.cpu import affinity
 
     if args.threads is not None:
-        return ThreadChoice(affinity.set_threads(args.threads), "--threads", "asked for")
+        count, warning = capped(args.threads, "--threads")
+        if warning is not None:
+            print(f"warning: {warning}", file=sys.stderr)
+        return ThreadChoice(affinity.set_threads(count), "--threads", "asked for" if warning is None else f"asked for {args.threads}, capped at the usable cores")
     if os.environ.get("OMP_NUM_THREADS"):
         return ThreadChoice(torch.get_num_threads(), "OMP_NUM_THREADS", "from the environment")
     threads = affinity.set_threads(None)
@@ -68,34 +63,11 @@ def probe_applies(choice: ThreadChoice, device_type: str, launched: bool, cores:
     return choice.source in ("usable cores", "probe") and device_type == "cpu" and not launched and cores > 1
 
 
-def decode_step(model, device) -> Callable[[], None]:
-    """One decode step of `model` on top of a short prompt's KV cache (the cache grows by one per call)."""
-    import torch
+def __getattr__(name: str):
+    """The measurement's names (`ThreadChoice`, `decode_step`, `probe`) live in `api.threads`; loaded on use, so
+    that importing this module does not import torch."""
+    if name in ("ThreadChoice", "decode_step", "probe"):
+        from assisted_backends.api import threads
 
-    from assisted_backends import hf_compat
-
-    prompt = torch.zeros((1, PROBE_PROMPT_TOKENS), dtype=torch.long, device=device)
-    with torch.inference_mode():
-        cache = hf_compat.returned_cache(model(prompt, use_cache=True))
-    state = {"cache": cache}
-    token = prompt[:, :1]
-
-    def step() -> None:
-        with torch.inference_mode():
-            output = model(token, use_cache=True, **hf_compat.cache_kwargs(model, state["cache"]))
-        state["cache"] = hf_compat.returned_cache(output)
-
-    return step
-
-
-def probe(choice: ThreadChoice, model, device, cores: int) -> ThreadChoice:
-    """Measure 1 against `cores` threads on `model` and return the faster as a `probe` choice (torch set).
-    A model the probe cannot step (an unusual forward signature) keeps `choice`, and the reason says why."""
-    from assisted_backends.backends.cpu import affinity
-
-    try:
-        result = affinity.probe_threads(decode_step(model, device), sorted({1, cores}))
-    except Exception as error:  # noqa: BLE001 - a measurement must not end the run; the report names the error
-        affinity.set_threads(choice.threads)
-        return ThreadChoice(choice.threads, choice.source, f"{choice.reason}; the probe failed: {error!r:.120}")
-    return ThreadChoice(result.chosen, "probe", result.reason())
+        return getattr(threads, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

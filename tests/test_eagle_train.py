@@ -4,6 +4,7 @@ the run resumes where it stopped, and its output directory is a head that `gener
 from __future__ import annotations
 
 import itertools
+import re
 import json
 import subprocess
 import sys
@@ -137,3 +138,40 @@ def test_a_base_model_gets_its_requests_as_plain_text():
     texts = [BaseTokenizer().decode(p) for p in prompts]
     assert all(t.endswith("\n\n") and "<user>" not in t for t in texts)
     assert all(any(t.startswith(r.split("{topic}")[0]) for r in OPEN_REQUESTS) for t in texts)
+
+
+def _small(texts, output, minutes: float, data_share: float, **changes) -> TrainSettings:
+    """A time-bound run: the budget, not a count, ends each phase (as `train-draft --minutes 3` on a real model)."""
+    values = dict(target=str(DEMO_DIR / "target"), text=(str(texts),), output=str(output), minutes=minutes,
+                  data_share=data_share, prompt_tokens=24, new_tokens=64, generation_batch=16, held_out=64,
+                  draft_vocab=512, top_k=4, steps=3, batch_size=8, learning_rate=3e-3, eval_every_s=1e9,
+                  checkpoint_every_s=1e9, progress_bar=True)  # fmt: skip
+    return TrainSettings(**{**values, **changes})
+
+
+def test_a_small_budget_sizes_the_held_out_data_stops_generating_on_time_and_counts_in_its_units(
+    texts, tmp_path, capsys
+):
+    target, tokenizer = demo_target()
+    result = train(_small(texts, tmp_path / "run", minutes=0.25, data_share=0.5), target, tokenizer)
+    progress = json.loads((tmp_path / "run" / "state" / "progress.json").read_text())
+    data_s, budget_s = progress["seconds"]["data"], 0.25 * 60 * 0.5
+    assert data_s <= budget_s + 1.0, f"the data phase took {data_s:.1f} s of its {budget_s:.1f} s"
+    held_out = torch.load(tmp_path / "run" / "data" / "held_out.pt", weights_only=True)
+    assert 0 < len(held_out) < 64  # 64 asked, sized to a quarter of the data budget
+    assert result.training_sequences > 0 and result.steps > 0
+    err = capsys.readouterr().err
+    for phase, unit in (("held-out data", "seq"), ("training data", "seq"), ("training", "step")):
+        assert re.search(rf"{phase}: .*{unit}", err), f"no {phase!r} bar counted in {unit!r}: {err[-800:]!r}"
+    assert "s/s" not in err  # no seconds-per-second rates: each bar counts its own units
+
+
+def test_a_run_that_made_no_data_resumes_with_a_larger_budget(texts, tmp_path):
+    target, tokenizer = demo_target()
+    with pytest.raises(RuntimeError, match="run again with a larger --minutes .* on the same --output: it resumes"):
+        train(_small(texts, tmp_path / "run", minutes=1.0, data_share=0.0001, progress_bar=False), target, tokenizer)
+    progress = json.loads((tmp_path / "run" / "state" / "progress.json").read_text())
+    assert progress.get("sequences", 0) == 0
+    resumed = train(_small(texts, tmp_path / "run", minutes=1.0, data_share=0.2, max_steps=5, progress_bar=False),
+                    target, tokenizer)  # fmt: skip
+    assert resumed.training_sequences > 0 and resumed.steps == 5

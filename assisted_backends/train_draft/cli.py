@@ -48,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
                    "checkpoints")  # fmt: skip
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--device", default=DEFAULTS.device, help="auto (a GPU when there is one), cpu, cuda, cuda:N")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: measured on "
+                   "the target, 1 or the usable cores, as run-assisted-generation does)")
     p.add_argument("--chat-share", type=float, default=DEFAULTS.chat_share, help="share of the prompts that are "
                    "chat turns asking about a text window, when the tokenizer has a chat template (default "
                    "%(default)s; 0: raw text continuation only)")  # fmt: skip
@@ -99,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from assisted_backends.backends.cpu.affinity import busy_note
 
+    from assisted_backends.api import threads
+
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
+        threads.set_threads(args.threads)  # more than the usable cores: lowered, one warning
     note = busy_note(threads=torch.get_num_threads())
     if note is not None:
         print(f"train-draft: note: {note}", file=sys.stderr)

@@ -12,6 +12,7 @@ Examples are kept as plain tensors (bf16 features, int32 ids, fp16 probabilities
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,11 +100,19 @@ def make_examples(
 
 @torch.inference_mode()
 def generate_examples(
-    target, tap: LayerTap, prompts: list[list[int]], new_tokens: int, pad_id: int, eos_ids: list[int], top_k: int
+    target,
+    tap: LayerTap,
+    prompts: list[list[int]],
+    new_tokens: int,
+    pad_id: int,
+    eos_ids: list[int],
+    top_k: int,
+    deadline: float | None = None,
 ) -> list[Example]:
     """Greedy batched decoding of `prompts` (left-padded) that keeps the features and top-k choices of every fed
     position. A row's sequence is its prompt and its continuation up to its EOS or `new_tokens` tokens, every
-    token of it fed except the last (whose features no training pair reads)."""
+    token of it fed except the last (whose features no training pair reads). `deadline` (a `time.perf_counter()`
+    value): decoding stops there, the continuations cut short; rows with no continuation are dropped."""
     head = OnDemandHead.of(target)
     device = target.get_input_embeddings().weight.device
     batch, longest = len(prompts), max(len(p) for p in prompts)
@@ -133,7 +142,7 @@ def generate_examples(
     position = positions[:, -1:]
     eos = set(eos_ids)
     for _ in range(new_tokens):
-        if all(done):
+        if all(done) or (deadline is not None and time.perf_counter() >= deadline and any(tokens)):
             break
         for row in range(batch):
             if not done[row]:
@@ -153,6 +162,8 @@ def generate_examples(
     fed = torch.cat(features, dim=1)  # [B, P + steps, 3 H_t]
     examples = []
     for row, prompt in enumerate(prompts):
+        if not tokens[row]:
+            continue
         length = len(prompt) + len(tokens[row])
         begin = longest - len(prompt)
         examples.append(

@@ -1,9 +1,12 @@
 """`train`: one run of `train-draft`, from local text to an EAGLE-3 head in SpecForge's layout.
 
 Phases, within one time budget (`minutes`, counted over all sessions of a resumed run):
-1. held-out data: the target's continuations of `held_out` prompts from held-out documents;
-2. training data: continuations of training prompts, batch after batch, until `data_share` of the budget
-   (or `max_sequences` are made); each batch becomes a shard on disk;
+1. held-out data: the target's continuations of up to `held_out` prompts from held-out documents, within
+   `HELD_OUT_SHARE` of the data budget (`data_share` of the budget);
+2. training data: continuations of training prompts, batch after batch, until the data budget (or
+   `max_sequences` are made); each batch is sized to the time left from the measured seconds per sequence,
+   decoding stops at the budget's end (continuations cut short), and each batch becomes a shard on disk. A
+   run resumed before training began (none of its data made, say) goes on generating within its new budget;
 3. the draft vocabulary: the `draft_vocab` tokens the target chose most often on the training data (fewer
    when it chose fewer distinct tokens, at least 1024: rows no example trains are cost without use);
 4. training: AdamW on the TTT loss (`train_draft.ttt`), the learning rate warmed up over 20 steps and
@@ -21,12 +24,14 @@ import itertools
 import math
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from assisted_backends import hf_compat
+from assisted_backends.api import threads as cpu_threads
 from assisted_backends.drafters.eagle.checkpoint import save_head
 from assisted_backends.drafters.eagle.config import default_feature_layers
 from assisted_backends.drafters.eagle.features import LayerTap
@@ -171,25 +176,33 @@ def _learning_rate(settings: TrainSettings, step: int, fraction: float) -> float
 
 
 class Progress:
-    """A tqdm bar over the budget's seconds (stderr), or plain lines when it is off."""
+    """One tqdm bar per phase on stderr, counted in the phase's own units (held-out and training sequences, then
+    steps), its total an estimate from the phase's measured rate that is revised as it goes; plain lines when
+    the bar is off."""
 
-    def __init__(self, settings: TrainSettings, clock: Clock) -> None:
-        self.clock = clock
+    def __init__(self, settings: TrainSettings) -> None:
+        self.enabled = settings.progress_bar
         self.bar = None
-        if settings.progress_bar:
+
+    def begin(self, description: str, unit: str, estimate: int | None, initial: int = 0) -> None:
+        """A new bar for a phase (the previous one closed), `estimate` units expected (None: not known yet),
+        `initial` of them done in earlier sessions."""
+        self.close()
+        if self.enabled:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=round(clock.total_s), unit="s", desc="train-draft", file=sys.stderr, leave=True)
-        self._shown = 0
+            self.bar = tqdm(total=estimate, initial=initial, unit=unit, desc=description, file=sys.stderr,
+                            leave=True)  # fmt: skip
 
-    def update(self, description: str, **postfix) -> None:
+    def advance(self, count: int, estimate: int | None = None, **postfix) -> None:
+        """`count` more units done; `estimate`: the revised total (at least what is done)."""
         if self.bar is None:
             return
-        done = min(round(self.clock.elapsed()), self.bar.total)
-        self.bar.set_description(description, refresh=False)
-        self.bar.set_postfix(postfix, refresh=False)
-        self.bar.update(done - self._shown)
-        self._shown = done
+        if estimate is not None:
+            self.bar.total = max(estimate, self.bar.n + count)
+        if postfix:
+            self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(count)
 
     def say(self, line: str) -> None:
         if self.bar is not None:
@@ -200,6 +213,69 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
+
+
+HELD_OUT_SHARE = 0.25  # at most this share of the data budget goes to held-out continuations
+FIRST_BATCH = 4  # sequences in a generation batch before any rate is measured
+
+
+def projected_total(done: int, spent_s: float, left_s: float, cap: int | None = None) -> int | None:
+    """Units a phase will reach: `done` plus what its measured rate fits in `left_s` (None before any
+    measurement), at most `cap`."""
+    if done <= 0 or spent_s <= 0:
+        return cap
+    total = done + int(max(left_s, 0.0) * done / spent_s)
+    return total if cap is None else min(total, cap)
+
+
+def batch_that_fits(wanted: int, seconds_per_sequence: float | None, left_s: float) -> int:
+    """How many sequences the next generation batch holds: `wanted`, fewer when the measured seconds per
+    sequence say they would not finish in `left_s`, 0 when not even one would."""
+    if left_s <= 0:
+        return 0
+    if seconds_per_sequence is None:
+        return wanted
+    return max(0, min(wanted, int(left_s / seconds_per_sequence)))
+
+
+def _generate_within(
+    run_batch: Callable[[list[list[int]], float], list[Example]],
+    prompts: Iterator[list[int]],
+    wanted: int,
+    batch: int,
+    seconds: float,
+    rate: float | None,
+    on_batch: Callable[[list[Example], int, float], None],
+) -> tuple[int, float | None]:
+    """Generate up to `wanted` sequences in batches of up to `batch`, within `seconds`: each batch is sized to
+    the time left from the measured seconds per sequence (`rate`, revised per batch) and decoding stops at the
+    deadline. `on_batch(examples, prompts_used, seconds)` after each. Returns (prompts used, rate)."""
+    began = time.perf_counter()
+    deadline = began + seconds
+    used = made = 0
+    while made < wanted:
+        left = deadline - time.perf_counter()
+        count = batch_that_fits(min(batch, wanted - made), rate, left)
+        if rate is None:
+            count = min(count, FIRST_BATCH)  # a small first batch measures the rate the next ones are sized by
+        if count == 0 and made == 0 and left > 0:
+            count = 1  # one sequence, cut at the deadline, tells the rate and may be all there is
+        if count == 0:
+            break
+        chunk = list(itertools.islice(prompts, count))
+        if not chunk:
+            break
+        started = time.perf_counter()
+        examples = run_batch(chunk, deadline)
+        spent = time.perf_counter() - started
+        used, made = used + len(chunk), made + len(examples)
+        if examples:
+            rate = spent / len(examples)
+        on_batch(examples, len(chunk), spent)
+        if time.perf_counter() >= deadline:
+            break
+    return used, rate
 
 
 def _prompts(documents, tokenizer, settings: TrainSettings, seed: int, skip: int):
@@ -217,6 +293,7 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
     if target is None:
         target, tokenizer = load_target(settings.target, device)
     device = target.get_input_embeddings().weight.device
+    chosen = cpu_threads.for_call(target, device)  # measured on a CPU unless the caller fixed it
     dtype = torch.float32
     depth = int(hf_compat.text_config(target).num_hidden_layers)
     layers = default_feature_layers(depth)
@@ -225,44 +302,77 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
     vocab_size = int(target.get_output_embeddings().weight.shape[0])
     eos = getattr(target.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
     eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
-    bar = Progress(settings, clock)
+    bar = Progress(settings)
+    if chosen is not None:
+        bar.say(f"train-draft: {chosen.threads} thread(s) ({chosen.source}: {chosen.reason})")
 
     def save_progress(**extra) -> None:
+        clock.elapsed()
         progress.update(seconds=clock.spent, **extra)
         run.save_progress(progress)
 
-    # 1-2: data
+    def run_batch(prompts: list[list[int]], deadline: float) -> list[Example]:
+        return generate_examples(target, tap, prompts, settings.new_tokens, pad_id, eos_ids, settings.top_k, deadline)
+
+    # 1-2: data (held-out first, at most HELD_OUT_SHARE of the data budget; then training data until the budget)
     train_docs, held_docs = split_documents(read_documents(list(settings.text), settings.extensions))
     clock.phase("data")
+    data_budget = settings.data_share * clock.total_s
+    rate = progress.get("seconds_per_sequence")
     held_out = run.held_out()
     if held_out is None:
-        prompts = list(
-            itertools.islice(_prompts(held_docs, tokenizer, settings, settings.seed + 1, 0), settings.held_out)
-        )
         held_out = []
-        for i in range(0, len(prompts), settings.generation_batch):
-            held_out += generate_examples(target, tap, prompts[i : i + settings.generation_batch],
-                                          settings.new_tokens, pad_id, eos_ids, settings.top_k)  # fmt: skip
-        run.save_held_out(held_out)
-        bar.say(f"held-out: {len(held_out)} continuations from {len(held_docs)} held-out documents")
+        bar.begin("held-out data", "seq", settings.held_out)
+
+        def keep_held_out(examples: list[Example], _used: int, _spent: float) -> None:
+            held_out.extend(examples)
+            bar.advance(len(examples))
+
+        seconds = HELD_OUT_SHARE * max(data_budget - clock.elapsed(), 0.0)
+        source = _prompts(held_docs, tokenizer, settings, settings.seed + 1, 0)
+        _, rate = _generate_within(run_batch, source, settings.held_out, settings.generation_batch, seconds, rate,
+                                   keep_held_out)  # fmt: skip
+        bar.close()
+        if held_out:
+            run.save_held_out(held_out)
+        save_progress(seconds_per_sequence=rate)
+        bar.say(f"held-out: {len(held_out)} continuations from {len(held_docs)} held-out documents "
+                f"({seconds:.0f} s allowed: {HELD_OUT_SHARE:.0%} of the data budget)")  # fmt: skip
     used = progress.get("prompts_used", 0)
     sequences = progress.get("sequences", 0)
-    if not progress.get("data_done"):
-        source = _prompts(train_docs, tokenizer, settings, settings.seed, used)
-        data_budget = settings.data_share * clock.total_s
-        while clock.elapsed() < data_budget and (settings.max_sequences is None or sequences < settings.max_sequences):
-            count = settings.generation_batch
-            if settings.max_sequences is not None:
-                count = min(count, settings.max_sequences - sequences)
-            prompts = list(itertools.islice(source, count))
-            run.add_shard(generate_examples(target, tap, prompts, settings.new_tokens, pad_id, eos_ids, settings.top_k))
-            used, sequences = used + len(prompts), sequences + len(prompts)
+    wanted = settings.max_sequences - sequences if settings.max_sequences is not None else 1 << 40
+    data_left = data_budget - clock.elapsed()  # the data phase comes first: all time spent so far is its
+    training_started = (run.state / "head.pt").is_file()  # the vocabulary is chosen: the data stays as it is
+    if not training_started and data_left > 0 and wanted > 0:
+        phase = {"made": 0, "spent": 0.0}
+        cap = None if settings.max_sequences is None else settings.max_sequences
+        first = None if rate is None else sequences + int(data_left / rate)
+        bar.begin("training data", "seq", first if cap is None or first is None else min(first, cap), sequences)
+
+        def keep(examples: list[Example], count: int, spent: float) -> None:
+            nonlocal used, sequences
+            if examples:
+                run.add_shard(examples)
+            used, sequences = used + count, sequences + len(examples)
+            phase["made"] += len(examples)
+            phase["spent"] += spent
             save_progress(prompts_used=used, sequences=sequences)
-            bar.update("generating", sequences=sequences)
-        save_progress(prompts_used=used, sequences=sequences, data_done=True)
+            projected = projected_total(phase["made"], phase["spent"], data_budget - clock.elapsed())
+            total = None if projected is None else sequences - phase["made"] + projected
+            bar.advance(len(examples), total if cap is None or total is None else min(total, cap))
+
+        source = _prompts(train_docs, tokenizer, settings, settings.seed, used)
+        _, rate = _generate_within(run_batch, source, wanted, settings.generation_batch, data_left, rate, keep)
+        bar.close()
+        save_progress(prompts_used=used, sequences=sequences, seconds_per_sequence=rate)
     examples = run.training_examples()
-    if not examples:
-        raise RuntimeError("no training data: raise --minutes or --data-share")
+    if not examples or not held_out:
+        what = "training" if held_out else "held-out"
+        raise RuntimeError(
+            f"no {what} data: the data phase ({settings.data_share:g} of --minutes {settings.minutes:g}, "
+            f"{clock.spent.get('data', 0.0):.0f} s spent) ended before a first sequence; run again with a larger "
+            "--minutes (or --data-share) on the same --output: it resumes"
+        )
     positions = sum(e.tokens.shape[0] for e in examples)
     bar.say(f"training data: {len(examples)} sequences, {positions} positions, "
             f"{clock.spent.get('data', 0.0):.0f} s of generation")  # fmt: skip
@@ -311,6 +421,8 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
                               latest=evaluation.rates if evaluation else None))  # fmt: skip
 
     loss_value = float("nan")
+    first_step, began = step, time.perf_counter()
+    bar.begin("training", "step", settings.max_steps, step)
     while clock.left() > 0 and (settings.max_steps is None or step < settings.max_steps):
         batch = batches.collate(next(sampler), lookup, device, dtype)
         fraction = (clock.spent.get("train", 0.0)) / train_budget
@@ -323,8 +435,10 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
         optimizer.step()
         step += 1
         loss_value = float(result.loss.detach())
-        clock.elapsed()
-        bar.update("training", step=step, loss=f"{loss_value:.3f}")
+        projected = projected_total(step - first_step, time.perf_counter() - began, clock.left(), None)
+        total = None if projected is None else first_step + projected
+        bar.advance(1, total if settings.max_steps is None or total is None else min(total, settings.max_steps),
+                    loss=f"{loss_value:.3f}")  # fmt: skip
         now = time.perf_counter()
         if now - last_eval >= settings.eval_every_s:
             evaluation = evaluate(head, held_out, lookup, settings.steps, device, dtype)

@@ -2,7 +2,7 @@
 
 Order of work: parse and check every flag, input file and output path (no torch import, so `--help`
 and mistakes answer at once), then import torch and load the models, then run. Ctrl-C stops with one
-line and exit status 130; a benchmark prints and writes the rows it finished.
+line and exit status 130, after the text generated so far (a benchmark: the rows it finished).
 """
 
 from __future__ import annotations
@@ -93,13 +93,21 @@ def _generate_task(session, log) -> None:
         _generate_batches(session, texts, log)
         return
     input_ids, shown = prompting.encode(session.tokenizer, text, args)
-    streamer = prompting.streamer(session.tokenizer) if prompting.wants_stream(args) else None
-    if streamer is not None:
+    streaming = prompting.wants_stream(args)
+    streamer = prompting.streamer(session.tokenizer) if streaming else prompting.Collector()
+    if streaming:
         print(shown, end="", flush=True)
-    result = session.generate(input_ids, args.max_new_tokens, assisted=session.assisted, streamer=streamer)
+    try:
+        result = session.generate(input_ids, args.max_new_tokens, assisted=session.assisted, streamer=streamer)
+    except KeyboardInterrupt:
+        if not streaming:  # streamed text is on the screen already
+            so_far = session.tokenizer.decode(streamer.tokens, skip_special_tokens=True)
+            print(shown + so_far, flush=True)
+            print(f"interrupted after {len(streamer.tokens)} generated token(s), printed above", file=log)
+        raise
     new_ids = result.sequences[0, input_ids.shape[1] :]
     completion = session.tokenizer.decode(new_ids, skip_special_tokens=True)
-    if streamer is None:  # streamed text already ends with the completion and a newline
+    if not streaming:  # streamed text already ends with the completion and a newline
         print(shown + completion)
     _report_generation(session, [completion], [new_ids.tolist()], [result.stats], log)
 

@@ -25,17 +25,26 @@ INSTALL_PLOT = install_hint("plot")
 
 
 def check_output(path: str, flag: str) -> None:
-    """The file can be created or overwritten: its directory exists and is writable, it is not a directory."""
+    """The file can be created or overwritten, proved by writing: an existing file is opened for appending
+    (nothing changes), else a probe file is created beside it and removed. /proc, /sys, read-only mounts and
+    missing directories fail here, before any model loads."""
     target = Path(path)
     parent = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
         raise CLIError(f"{flag} {path}: is a directory; give a file name")
     if not parent.is_dir():
         raise CLIError(f"{flag} {path}: directory {parent} does not exist; create it or choose another path")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise CLIError(f"{flag} {path}: the file is not writable; choose another path")
-    if not target.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise CLIError(f"{flag} {path}: directory {parent} is not writable; choose another path")
+    try:
+        if target.exists():
+            with open(target, "a", encoding="utf-8"):
+                pass
+        else:
+            probe = parent / f".{target.name}.{os.getpid()}.probe"
+            with open(probe, "w", encoding="utf-8") as handle:
+                handle.write("probe")
+            probe.unlink()
+    except OSError as error:
+        raise CLIError(f"{flag} {path}: cannot be written ({error.strerror or error}); choose another path") from None
 
 
 def read_prompt_file(path: str) -> str:

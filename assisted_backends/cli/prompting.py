@@ -110,3 +110,21 @@ def streamer(tokenizer):
     from transformers import TextStreamer
 
     return TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+
+
+class Collector:
+    """A silent streamer: keeps the committed tokens (the prompt skipped), so that a run interrupted by Ctrl-C
+    can still print what it generated."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self._prompt_seen = False
+
+    def put(self, tokens) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self.tokens.extend(int(token) for token in tokens.reshape(-1).tolist())
+
+    def end(self) -> None:
+        pass

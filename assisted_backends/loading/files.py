@@ -4,9 +4,9 @@
 
 A GGUF file is converted once with transformers' GGUF support (`from_pretrained(dir, gguf_file=...)`,
 which needs the `gguf` and `accelerate` packages and dequantizes every weight to a plain tensor) and
-saved as an ordinary model directory under the user's cache, keyed by the file's name and sha256:
-`$ASSISTED_BACKENDS_CACHE/gguf/<stem>-<sha16>/` (default `~/.cache/assisted_backends`). Later loads
-read that directory, which is several times faster than parsing the GGUF again and needs no `gguf`.
+saved as an ordinary model directory under the user's cache, keyed by the file's sha256 alone (a renamed
+file is not converted again): `$ASSISTED_BACKENDS_CACHE/gguf/<sha16>/` (default `~/.cache/assisted_backends`;
+sha16: the first 16 hex digits). Later loads read that directory, which is several times faster than parsing the GGUF again and needs no `gguf`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from assisted_backends.cache_dir import cache_root, file_sha256
+from assisted_backends.cache_dir import cache_root
 
 GGUF_INSTALL = "pip install gguf accelerate"  # or the package's extra: pip install "assisted_backends[gguf]"
 GGUF_SUFFIX = ".gguf"
@@ -62,18 +62,48 @@ def find_gguf(name: str | os.PathLike, what: str = "model") -> Path | None:
 
 
 def require_gguf(path: Path, what: str = "model") -> None:
-    """A one-line error naming the install command when transformers' GGUF loading cannot run here."""
+    """A one-line error naming the install command when transformers' GGUF loading cannot run here, or saying
+    the file is truncated (`check_complete`)."""
     missing = [module for module in ("gguf", "accelerate") if importlib.util.find_spec(module) is None]
     if missing:
         raise MissingGGUFError(
             f"{what} {path} is a GGUF file, and loading it needs the {' and '.join(missing)} "
             f"package{'s' if len(missing) > 1 else ''}: {GGUF_INSTALL}"
         )
+    check_complete(path, what)
+
+
+def check_complete(path: Path, what: str = "model") -> None:
+    """A GGUF file whose header cannot be read, or whose tensor data runs past its end (a download or copy cut
+    short), is refused in one line before any loader meets it."""
+    import struct
+
+    from assisted_backends.quantized.gguf_header import read_header
+
+    size = path.stat().st_size
+    try:
+        header = read_header(path)
+        end = max((info.offset + info.nbytes for info in header.tensors.values()), default=0)
+    except (struct.error, ValueError, IndexError, KeyError, UnicodeDecodeError) as error:
+        raise ModelFileError(
+            f"{what} {path}: not a complete GGUF file ({size} bytes; its header cannot be read: {error}); "
+            "download or copy it again"
+        ) from None
+    if end > size:
+        raise ModelFileError(
+            f"{what} {path}: the GGUF file is truncated ({size} bytes; its tensors end at byte {end}); "
+            "download or copy it again"
+        )
 
 
 def converted_dir(gguf: Path) -> Path:
-    """Where the converted model directory of `gguf` lives in the cache (it may not exist yet)."""
-    return cache_root() / "gguf" / f"{gguf.stem}-{file_sha256(gguf)[:16]}"
+    """Where the converted model directory of `gguf` lives in the cache (it may not exist yet): named by the
+    file's sha256 alone, so a renamed or copied file finds its conversion (the digest is remembered by path,
+    size and mtime, so a file is hashed once)."""
+    from assisted_backends.quantized.cache import remembered_sha256
+
+    root = cache_root() / "gguf"
+    return root / remembered_sha256(gguf, root)[:16]
 
 
 def convert_gguf(gguf: Path, output: Path, what: str = "model") -> Path:

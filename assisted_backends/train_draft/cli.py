@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from assisted_backends.train_draft.trainer import TrainSettings
 
@@ -94,8 +96,28 @@ def settings_from(args: argparse.Namespace) -> TrainSettings:
     )
 
 
+def check_output_directory(path: str) -> str | None:
+    """Why `--output` cannot hold the run (created if missing, then a probe file written and removed), or None.
+    Checked before the target loads, so /proc, /sys, read-only mounts and files fail at once."""
+    directory = Path(path).expanduser()
+    if directory.exists() and not directory.is_dir():
+        return f"--output {path}: is a file; give a directory (created if missing)"
+    probe = directory / f".train-draft.{os.getpid()}.probe"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_text("probe")
+        probe.unlink()
+    except OSError as error:
+        return f"--output {path}: cannot be written ({error.strerror or error}); choose another directory"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    problem = check_output_directory(args.output)
+    if problem is not None:
+        print(f"train-draft: error: {problem}", file=sys.stderr)
+        return 2
     import torch
 
     from assisted_backends.backends.cpu.affinity import busy_note

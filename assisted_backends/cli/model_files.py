@@ -23,6 +23,7 @@ CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 GGUF_KEYS = {"block_count": "num_hidden_layers", "context_length": "max_position_embeddings"}
+GGUF_ARCHITECTURES = {"gemma3": "gemma3_text", "qwen2": "qwen2", "llama": "llama"}  # general.architecture -> model_type
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,12 @@ class ModelFiles:
     generation_config: dict = field(default_factory=dict)
     tokenizer_json: Path | None = None
     chat_template: bool | None = None
+    counted_parameters: int | None = None  # a .gguf's tensor elements, counted exactly
+
+    @property
+    def parameters(self) -> int | None:
+        """The model's parameter count: counted in a .gguf, else estimated from config.json (None: unknown)."""
+        return self.counted_parameters or estimate_parameters(self.config)
 
     def _first(self, keys: tuple[str, ...]) -> int | None:
         for source in (self.config, self.config.get("text_config") or {}):
@@ -61,6 +68,25 @@ class ModelFiles:
             return len(Tokenizer.from_file(str(self.tokenizer_json)).encode(text).ids)
         except Exception:  # noqa: BLE001 - a tokenizer this library cannot read is transformers' to judge later
             return None
+
+
+def estimate_parameters(config: dict) -> int | None:
+    """A decoder's parameter count from its config (embeddings, the head unless tied, attention and MLP per
+    layer; norms and biases left out), or None when the config lacks the sizes."""
+    text = config.get("text_config") or config
+    hidden = text.get("hidden_size") or text.get("n_embd") or text.get("d_model")
+    layers = text.get("num_hidden_layers") or text.get("n_layer") or text.get("num_layers")
+    vocab = text.get("vocab_size")
+    if not all(isinstance(value, int) for value in (hidden, layers, vocab)):
+        return None
+    heads = text.get("num_attention_heads") or text.get("n_head") or 1
+    kv_heads = text.get("num_key_value_heads") or heads
+    head_dim = text.get("head_dim") or hidden // heads
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    inner = text.get("intermediate_size") or text.get("n_inner") or text.get("ffn_dim") or 4 * hidden
+    gated = 3 if text.get("hidden_act", text.get("activation_function", "")) in ("silu", "swiglu", "gelu_pytorch_tanh") else 2
+    embeddings = vocab * hidden * (1 if text.get("tie_word_embeddings", config.get("tie_word_embeddings", True)) else 2)
+    return embeddings + layers * (attention + gated * hidden * inner)
 
 
 def _read_json(path: Path) -> dict:
@@ -106,18 +132,27 @@ def from_directory(directory: Path, name: str, flag: str, complete: bool = True)
 
 
 def from_gguf(path: Path, name: str, flag: str) -> ModelFiles:
-    """A `.gguf` file: its metadata (layers, context length, chat template), read with the `gguf` package."""
-    files.require_gguf(path, flag)
-    from gguf import GGUFReader
+    """A `.gguf` file: its metadata (layers, context length, chat template, parameters), read in milliseconds
+    (`loading.gguf_meta`); a file cut short is refused here."""
+    import struct
 
+    from assisted_backends.loading.gguf_meta import read_meta
+
+    files.require_gguf(path, flag)
     try:
-        reader = GGUFReader(str(path))
-    except Exception as error:  # noqa: BLE001 - any parse failure means the same thing to the user
-        raise CLIError(f"{flag} {name}: not a readable GGUF file ({error})") from None
-    values = {key: item.contents() for key, item in reader.fields.items() if not key.startswith("tokenizer.ggml.")}
+        meta = read_meta(path)
+        end = meta.data_end()
+    except (struct.error, ValueError, KeyError) as error:  # any parse failure means the same thing to the user
+        raise CLIError(str(files.incomplete(path, flag, error))) from None
+    if end > meta.size:
+        raise CLIError(str(files.incomplete(path, flag, end=end)))
+    values = meta.values
     arch = values.get("general.architecture", "")
     config = {hf: values[f"{arch}.{key}"] for key, hf in GGUF_KEYS.items() if f"{arch}.{key}" in values}
-    return ModelFiles(name, flag, config, {}, None, bool(values.get("tokenizer.chat_template")))
+    if arch:
+        config["model_type"] = GGUF_ARCHITECTURES.get(arch, arch)
+    parameters = sum(tensor.elements for tensor in meta.tensors)
+    return ModelFiles(name, flag, config, {}, None, bool(values.get("tokenizer.chat_template")), parameters or None)
 
 
 def hub_snapshot(repo: str, flag: str) -> Path | None:

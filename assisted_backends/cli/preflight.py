@@ -17,7 +17,7 @@ from pathlib import Path
 from assisted_backends.cli import machine, model_files
 from assisted_backends.cli.cases import benchmark_cases
 from assisted_backends.cli.errors import CLIError
-from assisted_backends.cli.loading import default_assistant
+from assisted_backends.cli.loading import default_assistant, too_large_default
 from assisted_backends.cli.model_files import ModelFiles
 from assisted_backends.extras import install_hint
 
@@ -175,7 +175,12 @@ def check_default_draft(args: argparse.Namespace, target: ModelFiles) -> None:
         return
     if any(target.generation_config.get(field) for field in SAVED_DRAFTING):
         return
-    require_local_default(default_assistant(args.model, target.config["model_type"]))
+    family = target.config["model_type"]
+    draft = default_assistant(args.model, family)
+    problem = too_large_default(draft, target.parameters, family)  # from the files: no download, no torch
+    if problem is not None:
+        raise problem
+    require_local_default(draft)
 
 
 def preflight(args: argparse.Namespace) -> None:

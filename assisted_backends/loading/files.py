@@ -62,38 +62,40 @@ def find_gguf(name: str | os.PathLike, what: str = "model") -> Path | None:
 
 
 def require_gguf(path: Path, what: str = "model") -> None:
-    """A one-line error naming the install command when transformers' GGUF loading cannot run here, or saying
-    the file is truncated (`check_complete`)."""
+    """A one-line error naming the install command when transformers' GGUF loading cannot run here."""
     missing = [module for module in ("gguf", "accelerate") if importlib.util.find_spec(module) is None]
     if missing:
         raise MissingGGUFError(
             f"{what} {path} is a GGUF file, and loading it needs the {' and '.join(missing)} "
             f"package{'s' if len(missing) > 1 else ''}: {GGUF_INSTALL}"
         )
-    check_complete(path, what)
+
+
+def incomplete(path: Path, what: str, error: Exception | None = None, end: int | None = None) -> ModelFileError:
+    """The one-line error for a GGUF file cut short: its header unreadable (`error`) or its tensors ending
+    past the file (`end`)."""
+    size = path.stat().st_size
+    if error is not None:
+        return ModelFileError(f"{what} {path}: not a complete GGUF file ({size} bytes; its header cannot be read: "
+                              f"{error}); download or copy it again")  # fmt: skip
+    return ModelFileError(f"{what} {path}: the GGUF file is truncated ({size} bytes; its tensors end at byte {end}); "
+                          "download or copy it again")  # fmt: skip
 
 
 def check_complete(path: Path, what: str = "model") -> None:
     """A GGUF file whose header cannot be read, or whose tensor data runs past its end (a download or copy cut
-    short), is refused in one line before any loader meets it."""
+    short), is refused in one line before any loader meets it (`quantized.gguf_header`: torch is loaded)."""
     import struct
 
     from assisted_backends.quantized.gguf_header import read_header
 
-    size = path.stat().st_size
     try:
         header = read_header(path)
-        end = max((info.offset + info.nbytes for info in header.tensors.values()), default=0)
     except (struct.error, ValueError, IndexError, KeyError, UnicodeDecodeError) as error:
-        raise ModelFileError(
-            f"{what} {path}: not a complete GGUF file ({size} bytes; its header cannot be read: {error}); "
-            "download or copy it again"
-        ) from None
-    if end > size:
-        raise ModelFileError(
-            f"{what} {path}: the GGUF file is truncated ({size} bytes; its tensors end at byte {end}); "
-            "download or copy it again"
-        )
+        raise incomplete(path, what, error) from None
+    end = max((info.offset + info.nbytes for info in header.tensors.values()), default=0)
+    if end > path.stat().st_size:
+        raise incomplete(path, what, end=end)
 
 
 def converted_dir(gguf: Path) -> Path:
@@ -146,5 +148,7 @@ def model_dir(name: str | os.PathLike, what: str = "model") -> str:
         return str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else str(name)
     output = converted_dir(gguf)
     if not (output / "config.json").is_file():
+        require_gguf(gguf, what)
+        check_complete(gguf, what)
         convert_gguf(gguf, output, what)
     return str(output)

@@ -75,6 +75,7 @@ def load_model(name: str | os.PathLike, what: str = "model", precision: str | No
     gguf = files.find_gguf(name, what)
     if gguf is not None and precision in (None, "int8", "int4"):
         files.require_gguf(gguf, what)
+        files.check_complete(gguf, what)
         from assisted_backends.quantized.model import load_gguf_quantized
 
         return load_gguf_quantized(gguf, scheme=precision or "file", tokenizer=False).model.eval()

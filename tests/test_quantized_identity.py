@@ -86,7 +86,16 @@ def test_assisted_greedy_equals_the_quantized_models_plain_decoding(arch, scheme
     for kwargs in drafting:
         result = generate(target, prompt, max_new_tokens=NEW, backend=backend, **kwargs)
         assert torch.equal(result.sequences, plain), (arch, kwargs)
-        assert result.stats.drafted > 0
+        if "prompt_lookup_num_tokens" not in kwargs or _lookup_could_match(plain[0], prompt.shape[1]):
+            assert result.stats.drafted > 0
+
+
+def _lookup_could_match(sequence: torch.Tensor, prompt_length: int) -> bool:
+    """Whether one-token prompt lookup had a match in a round with room to draft: a new token seen before it, not
+    one of the last two (the last round has no room). While every draft is rejected each round commits one token,
+    so each such token ends some round's context."""
+    tokens = sequence.tolist()
+    return any(tokens[i] in tokens[:i] for i in range(prompt_length, len(tokens) - 2))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "opt"])

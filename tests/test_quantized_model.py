@@ -12,7 +12,7 @@ pytest.importorskip("accelerate", reason="building the model with empty weights 
 
 from quantized_fixtures import Q4_K_M_LIKE, write_tiny_llama_gguf  # noqa: E402
 
-from assisted_backends.quantized import kernels  # noqa: E402
+from assisted_backends.quantized import extension, kernels  # noqa: E402
 from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear  # noqa: E402
 from assisted_backends.quantized.model import load_gguf_quantized  # noqa: E402
 
@@ -33,6 +33,15 @@ def files(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ASSISTED_BACKENDS_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def aten(monkeypatch):
+    """The fallback path: PyTorch's int4/int8 kernels, as on a machine where the package's cannot build."""
+    monkeypatch.setenv(extension.SWITCH_VARIABLE, "aten")
+
+
+needs_blocks = pytest.mark.skipif(not extension.available(), reason=extension.status().reason or "no kernels")
 
 
 def _transformers_model(path):
@@ -86,7 +95,15 @@ def test_bf16_compute_generates_and_caches(files, name):
 
 
 @pytest.mark.parametrize("name", ("q4_0", "q4_1", "q8_0", "q4_k_m"))
-def test_resident_weights_stay_near_the_file_size(files, name):
+@needs_blocks
+def test_blocks_keep_resident_weights_near_the_file_size(files, name):
+    # 4-bit formats half a byte a weight, 8-bit ones (Q8_0, Q6_K) one byte, fp16 fields as in the file.
+    loaded = load_gguf_quantized(files[name], tokenizer=False)
+    assert loaded.weight_bytes() <= 1.25 * os.path.getsize(files[name])
+
+
+@pytest.mark.parametrize("name", ("q4_0", "q4_1", "q8_0", "q4_k_m"))
+def test_resident_weights_stay_near_the_file_size(files, name, aten):
     # Q6_K's exact form takes 2 bytes a weight (2.4x its file size); `compact` stores it as int8.
     compact = ("Q6_K",) if name == "q4_k_m" else ()
     loaded = load_gguf_quantized(files[name], tokenizer=False, compact=compact)
@@ -95,14 +112,31 @@ def test_resident_weights_stay_near_the_file_size(files, name):
         assert loaded.report["model.layers.0.mlp.down_proj"] == "Q6_K -> int8"
 
 
-def test_tied_embedding_and_head_are_one_storage(files):
+def test_tied_embedding_and_head_are_one_storage(files, aten):
     model = load_gguf_quantized(files["q4_k_m"], tokenizer=False).model
     embedding, head = model.get_input_embeddings(), model.lm_head
     assert embedding.packed.data_ptr() == head.packed.data_ptr()
     assert torch.equal(embedding(IDS)[0], head.dequantized_weight()[IDS[0]])
 
 
-def test_formats_land_in_the_layouts_the_docstring_promises(files):
+@needs_blocks
+def test_tied_embedding_and_head_share_blocks(files):
+    model = load_gguf_quantized(files["q4_k_m"], tokenizer=False).model
+    embedding, head = model.get_input_embeddings(), model.lm_head
+    assert head.kernel == "blocks" and embedding.block_codes.data_ptr() == head.block_codes.data_ptr()
+    assert torch.equal(embedding(IDS)[0], head.dequantized_weight()[IDS[0]])
+
+
+@needs_blocks
+def test_every_format_goes_to_the_package_kernels(files):
+    report = load_gguf_quantized(files["q4_k_m"], tokenizer=False).report
+    assert report["model.layers.0.self_attn.q_proj"].startswith("Q4_K -> 4-bit blocks")
+    assert report["model.layers.0.mlp.down_proj"].startswith("Q6_K -> 8-bit blocks")
+    assert report["model.embed_tokens"].startswith("Q8_0 -> 8-bit blocks")
+    assert "rows reordered" in report["model.layers.0.self_attn.k_proj"]
+
+
+def test_formats_land_in_the_layouts_the_docstring_promises(files, aten):
     report = load_gguf_quantized(files["q4_k_m"], tokenizer=False).report
     assert report["model.layers.0.self_attn.q_proj"].startswith("Q4_K -> int4 x1")
     assert report["model.layers.0.mlp.down_proj"].startswith("Q6_K -> int4 x4")

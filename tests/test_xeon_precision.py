@@ -124,7 +124,7 @@ def test_w8af32_stores_int8_weights_and_leaves_the_original(arch, method):
 def test_int8pack_linear_matches_a_dequantized_reference():
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48)
-    packed = QuantizedLinear.from_float(linear.weight, linear.bias, "int8")
+    packed = QuantizedLinear.from_float(linear.weight, linear.bias, "int8", activations="float")
     assert packed.codes.dtype == torch.int8 and packed.codes.shape == (48, 64)
     x = torch.randn(3, 5, 64)
     dequantized = packed.codes.float() * packed.scales.float()[:, None]

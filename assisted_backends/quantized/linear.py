@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from assisted_backends.quantized import kernels
+from assisted_backends.quantized import blocks, extension, kernels
+from assisted_backends.quantized.blocks import BlockWeight
 from assisted_backends.quantized.int4_layout import layout
 from assisted_backends.quantized.packing import (
     Int4Weight,
@@ -33,10 +34,17 @@ SCHEMES = ("int8", "int4")
 class QuantizedLinear(nn.Module):
     """y = x Wᵀ + b on `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu`; W [N, K] quantized."""
 
-    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: QuantizedWeight | BlockWeight, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        if isinstance(weight, Int8Weight):
+        self.block_meta: dict[str, int] | None = None
+        if isinstance(weight, BlockWeight):  # the package's kernels (`blocks`), fp32 in and out
+            self.scheme, self.group_size, self.planes = f"int{weight.bits}", weight.group, 1
+            self.block_meta = weight.meta()
+            for name, tensor in weight.tensors().items():
+                self.register_buffer(f"block_{name}", tensor)
+            self.compute_dtype = torch.float32
+        elif isinstance(weight, Int8Weight):
             self.scheme, self.group_size, self.planes = "int8", 0, 1
             self.register_buffer("codes", kernels.aligned(weight.codes))
             self.register_buffer("scales", kernels.aligned(weight.scales))
@@ -48,13 +56,21 @@ class QuantizedLinear(nn.Module):
             self.compute_dtype = weight.scale_zeros.dtype
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
+    @property
+    def kernel(self) -> str:
+        """"blocks" (the package's kernels) or "aten" (PyTorch's int4/int8 kernels)."""
+        return "aten" if self.block_meta is None else "blocks"
+
+    def buffer_names(self) -> tuple[str, ...]:
+        """The names of the buffers that hold the weight (shared by a tied embedding)."""
+        if self.block_meta is not None:
+            return tuple(name for name, _ in self.named_buffers(recurse=False) if name.startswith("block_"))
+        return ("codes", "scales") if self.scheme == "int8" else ("packed", "scale_zeros")
+
     def _apply(self, fn, recurse: bool = True):
         """`.to(dtype)` / `.float()` on a model casts every float buffer: the scales keep the kernels' dtype."""
         super()._apply(fn, recurse)
-        for name in ("scales", "scale_zeros"):
-            buffer = getattr(self, name, None)
-            if buffer is not None and buffer.dtype != self.compute_dtype:
-                setattr(self, name, kernels.aligned(buffer.to(self.compute_dtype)))
+        _keep_kernel_dtypes(self)
         return self
 
     @classmethod
@@ -65,17 +81,28 @@ class QuantizedLinear(nn.Module):
         scheme: str,
         group_size: int = 32,
         dtype: torch.dtype = kernels.FAST_DTYPE,
+        activations: str = "int8",
     ) -> QuantizedLinear:
-        """Quantize a float weight [N, K] (`scheme` "int8" per row, or "int4" in groups of `group_size`)."""
+        """Quantize a float weight [N, K]: on the package's kernels (`blocks.from_float`, groups of 32, activations
+        quantized to int8 per block) where they run, `dtype` is the fast one and `activations` is "int8"; else for
+        PyTorch's kernels (activations in `dtype`), "int8" per row or "int4" in groups of `group_size` in `dtype`
+        (fp32: the exact reference)."""
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme {scheme!r} is not one of {SCHEMES}")
+        if activations == "int8" and dtype != torch.float32 and group_size == 32 and extension.available():
+            block_weight = blocks.from_float(weight, 4 if scheme == "int4" else 8)
+            if block_weight is not None:
+                return cls(block_weight, bias)
         if scheme == "int8":
             return cls(int8_from_float(weight, dtype), bias)
-        if scheme == "int4":
-            return cls(int4_from_float(weight, group_size, dtype), bias)
-        raise ValueError(f"scheme {scheme!r} is not one of {SCHEMES}")
+        return cls(int4_from_float(weight, group_size, dtype), bias)
 
     @property
-    def weight_data(self) -> QuantizedWeight:
+    def weight_data(self) -> QuantizedWeight | BlockWeight:
         """The stored weight as a packing object (shares this module's tensors)."""
+        if self.block_meta is not None:
+            tensors = {name.removeprefix("block_"): getattr(self, name) for name in self.buffer_names()}
+            return BlockWeight.from_stored(tensors, self.block_meta)
         if self.scheme == "int8":
             return Int8Weight(self.codes, self.scales)
         return Int4Weight(self.packed, self.scale_zeros, self.group_size, self.planes, self.in_features)
@@ -91,6 +118,10 @@ class QuantizedLinear(nn.Module):
         return rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.block_meta is not None:
+            out = self._block_matmul(x.reshape(-1, self.in_features))
+            out = out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+            return out if self.bias is None else out + self.bias.to(x.dtype)
         rows = self._rows(x)  # [M, P·K]
         if rows.shape[0] == 0:
             out = rows.new_zeros(0, self.out_features)
@@ -101,7 +132,21 @@ class QuantizedLinear(nn.Module):
         out = out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         return out if self.bias is None else out + self.bias.to(x.dtype)
 
+    def _block_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        meta = self.block_meta
+        return torch.ops.assisted_backends.block_linear(
+            rows, self.block_codes, self.block_d, getattr(self, "block_dmin", None), getattr(self, "block_sc", None),
+            getattr(self, "block_mn", None), meta["out_features"], meta["in_features"], meta["bits"], meta["group"],
+            meta["sb"], meta["offset"], extension.forced_isa(),
+        )  # fmt: skip
+
     def extra_repr(self) -> str:
+        if self.block_meta is not None:
+            meta = self.block_meta
+            return (
+                f"in_features={self.in_features}, out_features={self.out_features}, {meta['bits']}-bit blocks of "
+                f"{meta['group']}, the package's kernels, bias={self.bias is not None}"
+            )
         detail = "per-row scales" if self.scheme == "int8" else f"group {self.group_size}, {self.planes} plane(s)"
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, {self.scheme} ({detail}), "
@@ -122,19 +167,28 @@ class QuantizedEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
         self.padding_idx = padding_idx
         self.scheme, self.group_size, self.planes = table.scheme, table.group_size, table.planes
-        names = ("codes", "scales") if table.scheme == "int8" else ("packed", "scale_zeros")
-        for name in names:  # the same tensor objects: one storage for the embedding and the head
+        self.block_meta = table.block_meta
+        for name in table.buffer_names():  # the same tensor objects: one storage for the embedding and the head
             self.register_buffer(name, getattr(table, name))
         self.register_buffer(
             "embed_scale", None if embed_scale is None else torch.as_tensor(embed_scale, dtype=torch.float32)
         )
-        self.packed_layout = layout() if table.scheme == "int4" else None  # resolved once, outside forward
+        self.packed_layout = layout() if table.scheme == "int4" and table.block_meta is None else None
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        _keep_kernel_dtypes(self)
+        return self
 
     def unscaled_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The dequantized rows [..., K] of `input_ids`, before `embed_scale`: what `weight[input_ids]` is for an
         nn.Embedding (an EAGLE-3 head embeds tokens with this)."""
         flat = input_ids.reshape(-1)
-        if self.scheme == "int8":
+        if self.block_meta is not None:
+            tensors = {name.removeprefix("block_"): buffer for name, buffer in self.named_buffers(recurse=False)
+                       if name.startswith("block_")}  # fmt: skip
+            rows = BlockWeight.from_stored(tensors, self.block_meta).rows(flat)
+        elif self.scheme == "int8":
             rows = Int8Weight(self.codes, self.scales).rows(flat)
         else:
             weight = Int4Weight(self.packed, self.scale_zeros, self.group_size, self.planes, self.embedding_dim)
@@ -149,6 +203,16 @@ class QuantizedEmbedding(nn.Module):
         return (
             f"{self.num_embeddings}, {self.embedding_dim}, {self.scheme}, gathers and dequantizes looked-up rows only"
         )
+
+
+def _keep_kernel_dtypes(module: nn.Module) -> None:
+    """After `.to(dtype)` / `.float()`: scales back in the kernels' dtypes (exact: they came from those dtypes)."""
+    compute = getattr(module, "compute_dtype", None)
+    wanted = {"scales": compute, "scale_zeros": compute, "block_d": torch.float16, "block_dmin": torch.float16}
+    for name, dtype in wanted.items():
+        buffer = getattr(module, name, None)
+        if buffer is not None and dtype is not None and buffer.dtype != dtype:
+            setattr(module, name, kernels.aligned(buffer.to(dtype)))
 
 
 def why_not_quantizable(out_features: int, in_features: int, scheme: str, group_size: int) -> str:
@@ -178,13 +242,15 @@ def quantize_model(
     group_size: int = 32,
     dtype: torch.dtype = kernels.FAST_DTYPE,
     embeddings: bool = True,
+    activations: str = "int8",
 ) -> nn.Module:
     """Replace every eligible nn.Linear / Conv1D of `model` (in place) by a QuantizedLinear; return it.
 
     `scheme` "int8" (per-row scales) or "int4" (groups of `group_size`). Layers whose shape the
     kernel cannot take stay as they are, listed with the reason in `model.quantization_report`.
     With `embeddings`, the input embedding becomes a QuantizedEmbedding too; when the LM head is tied
-    to it (one Parameter), both share one quantized storage.
+    to it (one Parameter), both share one quantized storage. `activations` "int8": the package's kernels where
+    they run (`QuantizedLinear.from_float`); "float": PyTorch's weight-only kernels, activations unquantized.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r} is not one of {SCHEMES}")
@@ -208,7 +274,7 @@ def quantize_model(
                 if why:
                     report[full] = f"kept: {why}"
                     continue
-                shared = shared or QuantizedLinear.from_float(child.weight, None, scheme, group_size, dtype)
+                shared = shared or QuantizedLinear.from_float(child.weight, None, scheme, group_size, dtype, activations)
                 scale = getattr(child, "embed_scale", None)
                 setattr(parent, name, QuantizedEmbedding(shared, child.padding_idx, scale))
                 report[full] = f"{scheme} embedding" + (" (shared with the LM head)" if tied else "")
@@ -222,11 +288,11 @@ def quantize_model(
                 report[full] = f"kept: {why}"
                 continue
             if tied and child is output_embedding:
-                shared = shared or QuantizedLinear.from_float(weight, None, scheme, group_size, dtype)
+                shared = shared or QuantizedLinear.from_float(weight, None, scheme, group_size, dtype, activations)
                 layer = QuantizedLinear(shared.weight_data, bias)
                 report[full] = f"{scheme} (shares the embedding's storage)"
             else:
-                layer = QuantizedLinear.from_float(weight, bias, scheme, group_size, dtype)
+                layer = QuantizedLinear.from_float(weight, bias, scheme, group_size, dtype, activations)
                 report[full] = scheme
             setattr(parent, name, layer)
     model.quantization_report = report
@@ -237,3 +303,14 @@ def quantized_scheme(model: nn.Module) -> str | None:
     """The scheme of `model`'s quantized layers ("int8", "int4", "int8+int4" for a mix), or None if it has none."""
     schemes = sorted({m.scheme for m in model.modules() if isinstance(m, QuantizedLinear)})
     return "+".join(schemes) if schemes else None
+
+
+def kernel_report(model: nn.Module) -> str:
+    """One line: which kernels `model`'s quantized layers run on, and why not the package's where they don't."""
+    kinds = {m.kernel for m in model.modules() if isinstance(m, QuantizedLinear)}
+    if kinds == {"blocks"}:
+        return extension.status().line()
+    if "blocks" in kinds:
+        return extension.status().line() + "; requantized layers on PyTorch's int4/int8 kernels"
+    reason = extension.status().reason or "the package's kernels take a .gguf file's blocks only"
+    return f"quantized layers: PyTorch's int4/int8 kernels ({reason})"

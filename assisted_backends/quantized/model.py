@@ -36,7 +36,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from assisted_backends.quantized import cache, gguf, kernels
+from assisted_backends.quantized import blocks, cache, extension, gguf, kernels
+from assisted_backends.quantized.blocks import BlockWeight
 from assisted_backends.quantized.gguf_header import GGUFHeader, read_header
 from assisted_backends.quantized.hf_config import load_config
 from assisted_backends.quantized.int4_layout import signature
@@ -175,11 +176,20 @@ def _dense(header: GGUFHeader, info, processor=None) -> torch.Tensor:
     return values
 
 
+def _uses_blocks(dtype: torch.dtype) -> bool:
+    """The "file" scheme keeps each block on the package's kernels where they run; compute dtype fp32 asks for
+    the exact fp32 reference instead (PyTorch's kernels on the file's exact weights, activations unquantized)."""
+    return dtype != torch.float32 and extension.available()
+
+
 def _quantized_weight(
     header, info, scheme, group_size, dtype, order, compact
 ) -> tuple[QuantizedWeight | torch.Tensor, str]:
     """The stored form of one matrix and a phrase for the report."""
     rows, columns = info.shape
+    if scheme == "file" and _uses_blocks(dtype) and blocks.supported(info.kind, info.shape):
+        weight = blocks.from_gguf(info.kind, header.tensor_bytes(info), info.shape, order)
+        return weight, f"{info.kind} -> {weight.bits}-bit blocks (exact, the package's kernels)"
     if scheme == "file":
         layout = gguf.kernel_layout(info.kind, info.shape, compact)
         weight = gguf.repack(info.kind, header.tensor_bytes(info), info.shape, dtype, order, compact)
@@ -267,7 +277,8 @@ def _install(model: nn.Module, plan: _Plan) -> nn.Module:
 def _weights_file(directory: Path, scheme: str, group_size: int, dtype: torch.dtype, compact: tuple[str, ...]) -> Path:
     tag = scheme + (f"-g{group_size}" if scheme == "int4" else "") + f"-{str(dtype).removeprefix('torch.')}"
     tag += "".join(f"-{kind.lower()}int8" for kind in sorted(compact)) if scheme == "file" else ""
-    return directory / f"weights-v{_FORMAT_VERSION}-{tag}-{signature()}.safetensors"
+    kernel = f"blocks{blocks.LAYOUT_VERSION}" if scheme == "file" and _uses_blocks(dtype) else signature()
+    return directory / f"weights-v{_FORMAT_VERSION}-{tag}-{kernel}.safetensors"
 
 
 def is_cached(path: str | Path, scheme: str = "file", group_size: int = 32, dtype: torch.dtype = kernels.FAST_DTYPE,
@@ -283,7 +294,11 @@ def _save_plan(path: Path, plan: _Plan) -> None:
 
     tensors, linears = {}, {}
     for module_path, weight in plan.linears.items():
-        if isinstance(weight, Int8Weight):
+        if isinstance(weight, BlockWeight):
+            for name, tensor in weight.tensors().items():
+                tensors[f"{module_path}.block_{name}"] = tensor
+            linears[module_path] = {"scheme": "blocks", **weight.meta()}
+        elif isinstance(weight, Int8Weight):
             tensors[f"{module_path}.codes"], tensors[f"{module_path}.scales"] = weight.codes, weight.scales
             linears[module_path] = {"scheme": "int8"}
         else:
@@ -310,7 +325,12 @@ def _load_plan(path: Path) -> _Plan | None:
         tensors = {key: handle.get_tensor(key) for key in handle.keys()}
     plan = _Plan(tied=manifest["tied"], report=manifest["report"])
     for module_path, entry in manifest["linears"].items():
-        if entry["scheme"] == "int8":
+        if entry["scheme"] == "blocks":
+            prefix = f"{module_path}.block_"
+            stored = {key.removeprefix(prefix): value for key, value in tensors.items() if key.startswith(prefix)}
+            meta = {key: value for key, value in entry.items() if key != "scheme"}
+            plan.linears[module_path] = BlockWeight.from_stored(stored, meta)
+        elif entry["scheme"] == "int8":
             plan.linears[module_path] = Int8Weight(tensors[f"{module_path}.codes"], tensors[f"{module_path}.scales"])
         else:
             plan.linears[module_path] = Int4Weight(

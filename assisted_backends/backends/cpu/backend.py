@@ -30,7 +30,7 @@ from assisted_backends import hf_compat
 from assisted_backends.backends.base import Backend, ModelRole, dtype_name
 from assisted_backends.backends.cpu import affinity, cpu_features, invariant_attention, ipex, precision, quantize
 from assisted_backends.quantized import kernels
-from assisted_backends.quantized.linear import quantize_model, quantized_scheme
+from assisted_backends.quantized.linear import kernel_report, quantize_model, quantized_scheme
 
 PREPARED_ATTRIBUTE = "_assisted_backends_cpu"  # the preparation a model already went through
 VERIFY_ATTRIBUTE = "_assisted_backends_verify"  # a quantized target's attention and verify-pass invariance
@@ -112,6 +112,8 @@ class CPUBackend(Backend):
         previous = getattr(model, PREPARED_ATTRIBUTE, None)
         if previous == signature:
             self._chosen[role].update(getattr(model, VERIFY_ATTRIBUTE, {}))
+            if loaded:
+                self._chosen[role]["kernels"] = kernel_report(model)
             return model
         cached = _COPIES.get(model, {}).get(signature)
         if cached is not None:
@@ -143,6 +145,8 @@ class CPUBackend(Backend):
                 "verify_pass": difference or "bit-identical to one-token steps",
             })  # fmt: skip
         self._chosen[role].update(getattr(prepared, VERIFY_ATTRIBUTE, {}))
+        if quantized_scheme(prepared):
+            self._chosen[role]["kernels"] = kernel_report(prepared)
         setattr(prepared, PREPARED_ATTRIBUTE, signature)
         return prepared
 
@@ -190,7 +194,7 @@ class CPUBackend(Backend):
             report[key] = chosen["precision"]
             report[f"{key}_reason"] = chosen["reason"]
             report[f"ipex_{role}"] = chosen["ipex"]
-            for key in ("attention", "verify_pass"):
+            for key in ("attention", "verify_pass", "kernels"):
                 if key in chosen:
                     report[f"{role}_{key}"] = chosen[key]
         if self.ipex_status is None:

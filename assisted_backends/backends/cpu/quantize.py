@@ -57,7 +57,8 @@ def _conv1d_to_linear(model: nn.Module) -> None:
 
 
 def _int8pack(model: nn.Module) -> None:
-    quantize_model(model, "int8", embeddings=False)  # every linear whose width the kernel takes (K % 16 == 0)
+    # every linear whose width the kernel takes (K % 16 == 0); activations stay fp32 (the "af32" of w8af32)
+    quantize_model(model, "int8", embeddings=False, activations="float")
 
 
 def _dynamic(model: nn.Module) -> nn.Module:

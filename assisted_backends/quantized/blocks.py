@@ -1,0 +1,317 @@
+"""GGUF block formats in the layout of the package's own kernels (`csrc/block_kernels.cpp`), and their reference.
+
+Every format is stored as small integers v per (row n, column k) in groups of G columns, with
+
+    w[n, k] = S[n, g] · v[n, k] + Z[n, g],    S = d[n, g // sb] · sc[n, g],  Z = dmin[n, g // sb] · mn[n, g]
+
+(d, dmin fp16 per super-block of `sb` groups; sc, mn int8 per group, 1 where absent; Z = 0 without dmin):
+
+| format | bits stored | G  | sb | v                | S        | Z              |
+|--------|-------------|----|----|------------------|----------|----------------|
+| Q4_0   | 4           | 32 | 1  | q − 8            | d        | 0              |
+| Q4_1   | 4           | 32 | 1  | q                | d        | m              |
+| Q4_K   | 4           | 32 | 8  | q                | d · sc_j | −dmin · m_j    |
+| Q5_0   | 8           | 32 | 1  | q − 16           | d        | 0              |
+| Q5_1   | 8           | 32 | 1  | q                | d        | m              |
+| Q5_K   | 8           | 32 | 8  | q                | d · sc_j | −dmin · m_j    |
+| Q8_0   | 8           | 32 | 1  | q                | d        | 0              |
+| Q6_K   | 8           | 16 | 16 | q − 32           | d · sc_j | 0              |
+
+Nothing is rounded: the file's fp16 and 6/8-bit fields are kept as they are, so S and Z are exact in fp32 and
+S·v + Z rounded once is gguf's value. 4-bit codes cost half a byte a weight, 8-bit one byte (Q6_K: 1.2x its
+file size, Q5_*: 1.5x, the rest 1.0-1.1x). Rows are padded to tiles of 16; the kernel's byte order is in the
+C++ source's header.
+
+`reference_linear` is the kernel's formula in plain PyTorch (the same integer sums, the same fp32 operations
+in the same order): the kernel must equal it bit for bit on every instruction set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from assisted_backends.quantized import extension
+from assisted_backends.quantized.gguf import _high_bits, _k_scale_min, _nibbles, require_gguf
+
+LAYOUT_VERSION = 1  # bump when the stored layout changes (it names cached weights)
+TILE = 16
+BLOCK = 32  # activation quantization block
+BLOCK_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0", "Q6_K")
+
+
+@dataclass
+class BlockWeight:
+    """W [N, K] in the kernels' tiled layout (module docstring). Tensors: codes uint8 [T, groups, bytes],
+    d / dmin fp16 [T, supers, 16], sc / mn int8 [T, groups, 16]; dmin, sc, mn may be None."""
+
+    codes: torch.Tensor
+    d: torch.Tensor
+    dmin: torch.Tensor | None
+    sc: torch.Tensor | None
+    mn: torch.Tensor | None
+    out_features: int
+    in_features: int
+    bits: int
+    group: int
+    sb: int
+    offset: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
+
+    @property
+    def groups(self) -> int:
+        return self.in_features // self.group
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (self.codes, self.d, self.dmin, self.sc, self.mn) if t is not None)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The stored tensors by name (absent ones left out)."""
+        named = {"codes": self.codes, "d": self.d, "dmin": self.dmin, "sc": self.sc, "mn": self.mn}
+        return {name: tensor for name, tensor in named.items() if tensor is not None}
+
+    def meta(self) -> dict[str, int]:
+        return {"out_features": self.out_features, "in_features": self.in_features, "bits": self.bits,
+                "group": self.group, "sb": self.sb, "offset": self.offset}  # fmt: skip
+
+    @classmethod
+    def from_stored(cls, tensors: dict[str, torch.Tensor], meta: dict[str, int]) -> BlockWeight:
+        return cls(tensors["codes"], tensors["d"], tensors.get("dmin"), tensors.get("sc"), tensors.get("mn"), **meta)
+
+    def matmul(self, x: torch.Tensor, isa: int | None = None) -> torch.Tensor:
+        """y [M, N] fp32 = x [M, K] Wᵀ on the package's kernel (`isa`: None for the process's choice)."""
+        return torch.ops.assisted_backends.block_linear(
+            x, self.codes, self.d, self.dmin, self.sc, self.mn, self.out_features, self.in_features,
+            self.bits, self.group, self.sb, self.offset, extension.forced_isa() if isa is None else isa,
+        )  # fmt: skip
+
+    # -- reading back (the embedding's row gather, checks, the reference) --------------------------------------
+
+    def values(self, index: torch.Tensor | None = None) -> torch.Tensor:
+        """The integers v [R, K] (int32) of rows `index` (all rows when None)."""
+        index = torch.arange(self.out_features) if index is None else index.reshape(-1)
+        tiles, lanes = index // TILE, index % TILE
+        per_group = self.codes[tiles].view(len(index), self.groups, -1, TILE, 4)  # [R, groups, chunks, lane, 4]
+        picked = per_group[torch.arange(len(index)), :, :, lanes]  # [R, groups, chunks, 4]
+        if self.bits == 8:
+            return picked.reshape(len(index), self.in_features).to(torch.int32) - 128
+        halves = torch.stack([picked & 0x0F, picked >> 4], dim=2)  # [R, groups, 2, 4, 4]
+        return halves.reshape(len(index), self.in_features).to(torch.int32) - self.offset
+
+    def scales_zeros(self, index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """S and Z [R, groups] in fp32 (exact products of the stored fields), Z None when absent."""
+        index = torch.arange(self.out_features) if index is None else index.reshape(-1)
+        tiles, lanes = index // TILE, index % TILE
+
+        def expand(field: torch.Tensor, multiplier: torch.Tensor | None) -> torch.Tensor:
+            per_super = field[tiles, :, lanes].float()  # [R, supers]
+            out = per_super.repeat_interleave(self.sb, dim=1)
+            return out if multiplier is None else out * multiplier[tiles, :, lanes].float()
+
+        zeros = None if self.dmin is None else expand(self.dmin, self.mn)
+        return expand(self.d, self.sc), zeros
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Dequantized fp32 rows [R, K]: S·v + Z rounded once (gguf's values)."""
+        scales, zeros = self.scales_zeros(index)
+        weights = self.values(index).double() * scales.double().repeat_interleave(self.group, dim=1)
+        if zeros is not None:
+            weights = weights + zeros.double().repeat_interleave(self.group, dim=1)
+        return weights.float()
+
+
+# -- from a GGUF tensor's raw blocks --------------------------------------------------------------------------
+
+
+def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    return blocks[:, start : start + 2].contiguous().view(torch.float16)  # [B, 1]
+
+
+def _negated(half: torch.Tensor) -> torch.Tensor:
+    return (half.view(torch.int16) ^ torch.tensor(-32768, dtype=torch.int16)).view(torch.float16)
+
+
+@dataclass
+class _Parts:
+    """One format's blocks decoded: stored codes [B, block] (4-bit q, or v + 128), fields per block."""
+
+    codes: torch.Tensor
+    d: torch.Tensor  # fp16 [B, supers per block]
+    dmin: torch.Tensor | None
+    sc: torch.Tensor | None  # int8 [B, groups per block]
+    mn: torch.Tensor | None
+    bits: int
+    group: int
+    sb: int
+    offset: int
+
+
+def _as_stored_bytes(values: torch.Tensor) -> torch.Tensor:
+    """Signed 8-bit values -> the stored byte v + 128."""
+    return (values.to(torch.int16) + 128).to(torch.uint8)
+
+
+def _five_bit_codes(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    return _nibbles(blocks[:, start + 4 :]) | (_high_bits(blocks[:, start : start + 4], 32) << 4)
+
+
+def _decode(kind: str, blocks: torch.Tensor) -> _Parts:
+    """Raw blocks [B, bytes] of `kind` -> `_Parts` (module docstring's table)."""
+    if kind == "Q4_0":
+        return _Parts(_nibbles(blocks[:, 2:]), _f16(blocks, 0), None, None, None, 4, 32, 1, 8)
+    if kind == "Q4_1":
+        return _Parts(_nibbles(blocks[:, 4:]), _f16(blocks, 0), _f16(blocks, 2), None, None, 4, 32, 1, 0)
+    if kind in ("Q4_K", "Q5_K"):
+        sc, mn = _k_scale_min(blocks[:, 4:16])
+        qs = blocks[:, -128:].reshape(-1, 4, 32)
+        codes = torch.stack([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 256)
+        dmin = _negated(_f16(blocks, 2))
+        if kind == "Q4_K":
+            return _Parts(codes, _f16(blocks, 0), dmin, sc.to(torch.int8), mn.to(torch.int8), 4, 32, 8, 0)
+        high = (blocks[:, 16:48][:, None, :] >> torch.arange(8, dtype=torch.uint8)[None, :, None]) & 1
+        codes = codes | (high.reshape(-1, 256) << 4)
+        return _Parts(codes + 128, _f16(blocks, 0), dmin, sc.to(torch.int8), mn.to(torch.int8), 8, 32, 8, 0)
+    if kind == "Q5_0":
+        codes = _five_bit_codes(blocks, 2)
+        return _Parts(codes + 112, _f16(blocks, 0), None, None, None, 8, 32, 1, 0)  # (q − 16) + 128
+    if kind == "Q5_1":
+        codes = _five_bit_codes(blocks, 4)
+        return _Parts(codes + 128, _f16(blocks, 0), _f16(blocks, 2), None, None, 8, 32, 1, 0)
+    if kind == "Q8_0":
+        values = blocks[:, 2:].contiguous().view(torch.int8)
+        return _Parts(_as_stored_bytes(values), _f16(blocks, 0), None, None, None, 8, 32, 1, 0)
+    if kind == "Q6_K":
+        low = blocks[:, :128].reshape(-1, 2, 64)
+        low = torch.stack([low & 0x0F, low >> 4], dim=2).reshape(-1, 256)
+        high = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+        codes = low | ((high & 3).reshape(-1, 256) << 4)  # q ∈ [0, 63]; v = q − 32 stored as q + 96
+        sub_scales = blocks[:, 192:208].contiguous().view(torch.int8)
+        return _Parts(codes + 96, _f16(blocks, 208), None, sub_scales, None, 8, 16, 16, 0)
+    raise NotImplementedError(f"no block layout for {kind}")
+
+
+def supported(kind: str, shape: tuple[int, int]) -> bool:
+    """Whether a [N, K] tensor of `kind` goes to the package's kernels (K a multiple of its block)."""
+    if kind not in BLOCK_TYPES:
+        return False
+    block = 256 if kind.endswith("_K") else 32
+    return shape[1] > 0 and shape[1] % block == 0 and shape[0] > 0
+
+
+def _tiled(per_row: torch.Tensor, rows: int) -> torch.Tensor:
+    """[N, F] per-row fields -> [T, F, 16] (rows padded with zeros to whole tiles)."""
+    padded = torch.zeros(rows, per_row.shape[1], dtype=per_row.dtype)
+    padded[: per_row.shape[0]] = per_row
+    return padded.view(rows // TILE, TILE, -1).transpose(1, 2).contiguous()
+
+
+def from_parts(codes: torch.Tensor, d, dmin, sc, mn, bits: int, group: int, sb: int, offset: int) -> BlockWeight:
+    """Per-row stored codes [N, K] (uint8) and fields [N, supers] / [N, groups] -> the tiled `BlockWeight`."""
+    n, k = codes.shape
+    rows = -(-n // TILE) * TILE
+    groups = k // group
+    padded = torch.zeros(rows, k, dtype=torch.uint8)
+    padded[:n] = codes
+    if bits == 8:
+        tiled = padded.view(rows // TILE, TILE, groups, group // 4, 4).permute(0, 2, 3, 1, 4)
+    else:
+        halves = padded.view(rows // TILE, TILE, groups, 2, 4, 4)  # [T, lane, g, half, chunk, j]
+        tiled = (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4)
+    packed = tiled.reshape(rows // TILE, groups, -1).contiguous()
+    optional = lambda field: None if field is None else _tiled(field, rows)  # noqa: E731
+    return BlockWeight(packed, _tiled(d, rows), optional(dmin), optional(sc), optional(mn), n, k, bits, group, sb, offset)
+
+
+def from_gguf(kind: str, data: np.ndarray | torch.Tensor, shape: tuple[int, int],
+              row_order: torch.Tensor | None = None) -> BlockWeight:  # fmt: skip
+    """A GGUF [N, K] tensor of `kind` (raw bytes) in the kernels' layout, rows reordered by `row_order`."""
+    gguf = require_gguf()
+    block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    n, k = shape
+    raw = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True)) if isinstance(data, np.ndarray) else data
+    parts = _decode(kind, raw.reshape(n * (k // block), block_bytes))
+    per_row = lambda t: None if t is None else t.reshape(n, -1)  # noqa: E731
+    fields = [per_row(parts.codes.to(torch.uint8)), per_row(parts.d), per_row(parts.dmin), per_row(parts.sc),
+              per_row(parts.mn)]  # fmt: skip
+    if row_order is not None:
+        fields = [None if t is None else t[row_order] for t in fields]
+    return from_parts(*fields, parts.bits, parts.group, parts.sb, parts.offset)
+
+
+# -- from float weights (a model quantized here: `quantize_model`) ----------------------------------------------
+
+_HALF_MAX = 65504.0
+
+
+def _half_up(values: torch.Tensor) -> torch.Tensor:
+    """Positive fp32 -> the nearest fp16 not below (no code then leaves its range); tiny values stay tiny."""
+    rounded = values.to(torch.float16)
+    low = rounded.float() < values
+    bits = rounded.view(torch.int16)
+    bits[low] += 1
+    return rounded
+
+
+def from_float(weight: torch.Tensor, bits: int) -> BlockWeight | None:
+    """W [N, K] quantized in groups of 32: bits 8 as Q8_0 (v = round(w / d), d = max|w| / 127), bits 4 as Q4_1
+    (q = round((w − m) / d), d = (max − min) / 15, m = min); d and m fp16. None when K % 32 != 0 or a scale
+    would leave fp16's range (the caller keeps PyTorch's kernels for that layer)."""
+    weight = weight.detach().float()
+    n, k = weight.shape
+    if k % BLOCK or n == 0:
+        return None
+    groups = weight.view(n, k // BLOCK, BLOCK)
+    tiny = torch.finfo(torch.float16).tiny
+    if bits == 8:
+        scale = groups.abs().amax(dim=-1) / 127.0
+        if scale.max() > _HALF_MAX:
+            return None
+        d = _half_up(scale.clamp(min=tiny))
+        values = torch.round(groups / d.float()[..., None]).clamp(-127, 127).to(torch.int16).view(n, k)
+        return from_parts((values + 128).to(torch.uint8), d, None, None, None, 8, BLOCK, 1, 0)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = (high - low) / 15.0
+    if scale.max() > _HALF_MAX or low.abs().max() > _HALF_MAX:
+        return None
+    d = _half_up(scale.clamp(min=tiny))
+    m = low.to(torch.float16)
+    codes = torch.round((groups - m.float()[..., None]) / d.float()[..., None]).clamp(0, 15).to(torch.uint8)
+    return from_parts(codes.view(n, k), d, m, None, None, 4, BLOCK, 1, 0)
+
+
+# -- the formula in plain PyTorch -------------------------------------------------------------------------------
+
+
+def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] -> q_x int8 [M, K], d_x [M, K/32], z_x = d_x · Σ q_x [M, K/32], Σ q_x per 16 columns [M, K/16]."""
+    x = x.float()
+    m, k = x.shape
+    blocks = x.view(m, k // BLOCK, BLOCK)
+    d = blocks.abs().amax(dim=-1) / 127.0
+    inverse = torch.where(d != 0, 1.0 / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    q = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8).view(m, k)
+    sums16 = q.view(m, k // 16, 16).sum(dim=-1, dtype=torch.int32)
+    sums32 = sums16.view(m, k // BLOCK, 2).sum(dim=-1)
+    return q, d, d * sums32.float(), sums16
+
+
+def reference_linear(weight: BlockWeight, x: torch.Tensor) -> torch.Tensor:
+    """y [M, N] fp32 by the kernel's formula, in the kernel's order of fp32 operations."""
+    q, dx, zx, _ = quantize_rows_reference(x)
+    m, g = q.shape[0], weight.group
+    values = weight.values().double().view(weight.out_features, weight.groups, g)
+    sums = torch.einsum("mgk,ngk->mng", q.double().view(m, weight.groups, g), values).float()  # exact integers
+    scales, zeros = weight.scales_zeros()
+    acc = torch.zeros(m, weight.out_features)
+    for group in range(weight.groups):
+        block = group * g // BLOCK
+        acc = acc + (scales[None, :, group] * dx[:, block, None]) * sums[:, :, group]
+        if zeros is not None:
+            acc = acc + zeros[None, :, group] * zx[:, block, None]
+    return acc

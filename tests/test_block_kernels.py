@@ -1,0 +1,175 @@
+"""The package's own CPU kernels (quantized/csrc): the formula, batch invariance on every path, the fallback.
+
+Each instruction set this CPU runs is forced in turn (`isa=`, as `ASSISTED_BACKENDS_KERNEL_ISA` does for a
+whole model): the narrower paths on a wider CPU (AVX2 on an AVX-512 machine) must give the same bits.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from quantized_fixtures import random_blocks
+
+from assisted_backends.quantized import blocks, extension, gguf, kernels
+
+pytest.importorskip("gguf", reason="the block formats come from the gguf package's tables")
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.skipif(not extension.available(), reason=extension.status().reason or "no kernels"),
+]
+ISAS = extension.ISA_NAMES
+SHAPES = {"Q4_0": (40, 512), "Q4_1": (24, 96), "Q4_K": (40, 512), "Q5_0": (16, 64), "Q5_1": (33, 128),
+          "Q5_K": (17, 256), "Q8_0": (48, 160), "Q6_K": (40, 512)}  # fmt: skip
+
+
+def _runnable(isa: str) -> None:
+    if isa not in extension.runnable_isas():
+        pytest.skip(f"this CPU does not run the {isa} path")
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, tuple[blocks.BlockWeight, torch.Tensor]]:
+    """Per format: the weight in the kernels' layout and gguf's own dequantization of the same bytes."""
+    out = {}
+    for kind, (n, k) in SHAPES.items():
+        raw = random_blocks(kind, n, k, seed=n + k)
+        out[kind] = (blocks.from_gguf(kind, raw, (n, k)), gguf.dequantize_reference(kind, raw, (n, k)))
+    return out
+
+
+@pytest.mark.parametrize("kind", SHAPES)
+def test_rows_read_back_are_gguf_values(weights, kind):
+    weight, dense = weights[kind]
+    assert torch.equal(weight.rows(torch.arange(weight.out_features)), dense)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", SHAPES)
+def test_kernel_equals_the_plain_pytorch_formula_bit_for_bit(weights, kind, isa):
+    _runnable(isa)
+    weight, dense = weights[kind]
+    x = torch.randn(19, weight.in_features, generator=torch.Generator().manual_seed(3))
+    x[3] = 0.0  # an all-zero row: d_x = 0
+    x[4, :32] = 1e-30  # a block of tiny values
+    out = weight.matmul(x, ISAS.index(isa))
+    assert torch.equal(out, blocks.reference_linear(weight, x))
+    # and the formula is x times the file's weights, up to the int8 rounding of x (about 1 %)
+    exact = x @ dense.t()
+    assert (out - exact).norm() <= 0.02 * exact.norm()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", ("Q4_0", "Q4_K", "Q8_0", "Q6_K"))
+def test_each_row_equals_that_row_alone_for_every_m(weights, kind, isa):
+    _runnable(isa)
+    weight, _ = weights[kind]
+    x = torch.randn(64, weight.in_features, generator=torch.Generator().manual_seed(5))
+    result = kernels.batch_invariance(lambda rows: weight.matmul(rows, ISAS.index(isa)), x, max_rows=16)
+    assert all(result.values()), f"M with differing rows: {[m for m, ok in result.items() if not ok]}"
+    alone = torch.cat([weight.matmul(x[m : m + 1], ISAS.index(isa)) for m in range(64)])
+    assert kernels.same_bits(weight.matmul(x, ISAS.index(isa)), alone)  # M = 64 (8 passes of 8 rows)
+
+
+def test_threads_do_not_change_the_bits(weights):
+    weight, _ = weights["Q4_K"]
+    x = torch.randn(7, weight.in_features, generator=torch.Generator().manual_seed(6))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = weight.matmul(x)
+        torch.set_num_threads(2)
+        two = weight.matmul(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert kernels.same_bits(one, two)  # every output element is summed by one thread, in one order
+
+
+@pytest.mark.parametrize("bits", (4, 8))
+def test_float_weights_quantize_within_half_a_step(bits):
+    weight = torch.randn(72, 160, generator=torch.Generator().manual_seed(bits)) * 0.05
+    packed = blocks.from_float(weight, bits)
+    scales, _ = packed.scales_zeros()
+    error = (packed.rows(torch.arange(72)) - weight).abs()
+    assert (error <= scales.repeat_interleave(32, dim=1) / 2 * (1 + 1e-3)).all()
+    x = torch.randn(5, 160, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(packed.matmul(x), blocks.reference_linear(packed, x))
+
+
+def test_a_forced_instruction_set_must_be_one_the_package_knows(monkeypatch):
+    monkeypatch.setenv(extension.ISA_VARIABLE, "avx1024")
+    with pytest.raises(ValueError, match=extension.ISA_VARIABLE):
+        extension.forced_isa()
+    monkeypatch.setenv(extension.ISA_VARIABLE, "avx2")
+    assert extension.forced_isa() == ISAS.index("avx2")
+
+
+def test_torch_compile_treats_the_op_as_one_opaque_call(weights):
+    weight, _ = weights["Q4_0"]
+    x = torch.randn(3, weight.in_features)
+    compiled = torch.compile(lambda rows: weight.matmul(rows) * 2.0, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), weight.matmul(x) * 2.0)
+
+
+def test_the_report_says_which_kernels_run():
+    assert "the package's block kernels" in extension.status().line()
+    assert extension.status().isa in ISAS
+
+
+def test_without_a_compiler_the_aten_path_serves_the_same_model(tmp_path):
+    # A fresh cache and no compiler: the package's kernels cannot build, the report says why in one line, and
+    # a quantized model still runs (PyTorch's kernels), assisted output equal to its plain decoding.
+    script = textwrap.dedent(
+        """
+        import torch, sys
+        sys.path.insert(0, "tests")
+        from tiny_models import tiny_model
+        from assisted_backends import generate
+        from assisted_backends.backends.base import BackendOptions
+        from assisted_backends.backends.cpu.backend import CPUBackend
+        from assisted_backends.quantized import extension
+        print("STATUS", extension.status().line())
+        backend = CPUBackend(BackendOptions(dtype="int4"))
+        target = backend.prepare(tiny_model("llama", seed=0), "target")
+        prompt = torch.randint(3, 100, (1, 8), generator=torch.Generator().manual_seed(0))
+        plain = generate(target, prompt, max_new_tokens=12, backend=backend).sequences
+        assisted = generate(target, prompt, max_new_tokens=12, backend=backend, assistant_model=target,
+                            num_assistant_tokens=3, schedule="constant")
+        print("KERNELS", backend.describe()["target_kernels"])
+        print("SAME", torch.equal(plain, assisted.sequences), assisted.stats.drafted > 0)
+        """
+    )
+    env = {**os.environ, "ASSISTED_BACKENDS_CACHE": str(tmp_path), "CXX": str(tmp_path / "no-such-compiler")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    assert "PyTorch's int4/int8 kernels (no C++ compiler" in lines["STATUS"]
+    assert "PyTorch's int4/int8 kernels" in lines["KERNELS"]
+    assert lines["SAME"] == "True True"
+
+
+def test_every_path_gives_a_quantized_model_the_same_tokens(monkeypatch):
+    from tiny_models import tiny_model
+
+    from assisted_backends import generate
+    from assisted_backends.backends.base import BackendOptions
+    from assisted_backends.backends.cpu.backend import CPUBackend
+
+    backend = CPUBackend(BackendOptions(dtype="int4"))
+    target = backend.prepare(tiny_model("llama", seed=0), "target")
+    assert backend.describe()["target_kernels"].startswith("quantized layers: the package's block kernels")
+    prompt = torch.randint(3, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+    outputs = {}
+    for isa in extension.runnable_isas():
+        monkeypatch.setenv(extension.ISA_VARIABLE, isa)
+        plain = generate(target, prompt, max_new_tokens=10, backend=backend).sequences
+        assisted = generate(target, prompt, max_new_tokens=10, backend=backend, assistant_model=target,
+                            num_assistant_tokens=4, schedule="constant")  # fmt: skip
+        assert torch.equal(assisted.sequences, plain) and assisted.stats.drafted > 0, isa
+        outputs[isa] = plain
+    first = next(iter(outputs.values()))
+    assert all(torch.equal(out, first) for out in outputs.values())

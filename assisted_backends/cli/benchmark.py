@@ -13,8 +13,9 @@ mean time until a row's last token; `--compare` then also times transformers' ow
 
 Each run records the CPU it ran under (`affinity.CpuMeter`: this process's CPU per wall second, the CPUs
 other processes used); a row whose runs saw different loads is not called settled. Between cases the
-thread count is probed again when a probe chose it (`Session.recheck_threads`). Every case prints a line
-with an estimate before it starts and one with its result."""
+thread count is probed again when a probe chose it (`Session.recheck_threads`). The run says its estimated
+total before the first case (a full run also what `--quick` would take), every case its estimate before it
+starts (`cli.estimate`: rates from the latest runs), again after its first pair, and its result and time."""
 
 from __future__ import annotations
 
@@ -28,11 +29,13 @@ from dataclasses import dataclass
 import torch
 
 from assisted_backends.backends.cpu.affinity import CpuMeter, CpuUse
-from assisted_backends.cli.cases import benchmark_cases
+from assisted_backends.cli.cases import QUICK_NEW_TOKENS, QUICK_PROMPT_LENGTHS, benchmark_cases
+from assisted_backends.cli.estimate import CostModel, case_text, seconds_text, total_text
 from assisted_backends.cli.preflight import INSTALL_PLOT
 from assisted_backends.cli.session import Session
 from assisted_backends.cli.spread import INTERVAL_COVERAGE, median_interval, run_pairs
 
+WARM_UP_TOKENS = 8
 LOAD_CHANGE_CPUS = 0.5  # runs whose neighbours' CPU use differs by more (beyond /proc/stat's resolution) differ
 
 COLUMNS = [
@@ -202,33 +205,33 @@ def _settled_text(settled: bool, state: tuple[float, float, bool] | None, time_l
     return "yes" if settled else f"NO: spread > effect after {time_limit:g} s"
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
-
-
-def _estimate(rates: dict[str, float], modes: list[str], new_tokens: int, args) -> str:
-    """'about X s' for a case: runs x seconds per token and mode measured so far (more pairs: up to --time-limit)."""
-    pair = sum(rates.get(mode, 0.0) for mode in modes) * new_tokens
-    least = pair * args.repeats
-    if args.compare and args.time_limit > least:
-        more = f"more pairs, up to {args.time_limit:g} s, while its interval is wide"
-        return f"about {_seconds(least)} ({args.repeats} pairs of {_seconds(pair)}; {more})"
-    return f"about {_seconds(least)}"
-
-
-def _warm_up(session: Session, modes: list[str], prompt: torch.Tensor, rates: dict[str, float]) -> None:
-    """First-call costs (allocations, kernel selection) stay out of the table; the first per-token rates."""
+def _warm_up(session: Session, modes: list[str], prompt: torch.Tensor, costs: CostModel) -> None:
+    """First-call costs (allocations, kernel selection) stay out of the table; the first rates of the cost model."""
     for mode in modes:
-        measurement, _ = _measure(session, prompt, 8, mode)
-        rates.setdefault(mode, measurement.total_s / 8)
+        measurement, _ = _measure(session, prompt, WARM_UP_TOKENS, mode)
+        costs.record(mode, prompt.shape[1], WARM_UP_TOKENS, measurement.total_s, measurement.prefill_s)
 
 
-def _recheck_threads(session: Session, modes: list[str], warm: torch.Tensor, rates: dict[str, float]) -> None:
+def _recheck_threads(session: Session, modes: list[str], warm: torch.Tensor, costs: CostModel) -> None:
     """Probe the thread count again; on a change say so and warm the new thread count up."""
     changed = session.recheck_threads()
     if changed is not None:
         print(f"threads: now {changed.threads} ({changed.reason})", file=sys.stderr, flush=True)
-        _warm_up(session, modes, warm, rates)
+        _warm_up(session, modes, warm, costs)
+
+
+def _announce(session: Session, modes: list[str], cases: list[tuple[int, int]], costs: CostModel) -> None:
+    """The whole run's estimate before its first case; a full run (no --quick, no cases named) names --quick."""
+    args = session.args
+    line = f"benchmark: {total_text(costs, modes, cases, args)}"
+    if not args.quick and args.prompt_lengths is None and args.new_tokens is None:
+        quick = [(p, n) for p in QUICK_PROMPT_LENGTHS for n in QUICK_NEW_TOKENS]
+        line += f"; --quick runs {len(quick)} short cases, about {seconds_text(_least(costs, modes, quick, args))}"
+    print(line, file=sys.stderr, flush=True)
+
+
+def _least(costs: CostModel, modes: list[str], cases: list[tuple[int, int]], args) -> float:
+    return sum(costs.pair_s(modes, p, n) * args.repeats for p, n in cases)
 
 
 def _row(args, example: int, prompt_length: int, runs: dict[str, list[Measurement]], modes: list[str]) -> dict:
@@ -274,47 +277,56 @@ def run_benchmark(session: Session, rows: list[dict]) -> str:
     source = prompt_source(session)
     cases = benchmark_cases(args)
     warm = make_prompt(source, min(p for p, _ in cases), args.batch_size)
-    rates: dict[str, float] = {}  # seconds per new token (prefill included) per mode, from the latest case
-    _warm_up(session, modes, warm, rates)
+    costs = CostModel()  # seconds per prompt token and per new token of each mode, from the latest runs
+    _warm_up(session, modes, warm, costs)
+    _announce(session, modes, cases, costs)
 
     sample = ""
     for example, (prompt_length, new_tokens) in enumerate(cases):
         if example:
-            _recheck_threads(session, modes, warm, rates)
+            _recheck_threads(session, modes, warm, costs)
         prompt = make_prompt(source, prompt_length, args.batch_size)
         runs: dict[str, list[Measurement]] = {mode: [] for mode in modes}
         label = f"case {example + 1}/{len(cases)}"
-        print(f"{label}: {prompt_length} + {new_tokens} tokens, {_estimate(rates, modes, new_tokens, args)}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        estimate = case_text(costs.pair_s(modes, prompt_length, new_tokens), args, costs.pairs_seen)
+        print(f"{label}: {prompt_length} + {new_tokens} tokens, {estimate}", file=sys.stderr, flush=True)
+        began = time.perf_counter()
 
-        def measure_pair(repeat: int, prompt=prompt, new_tokens=new_tokens, runs=runs) -> float:
+        def measure_pair(repeat: int, prompt=prompt, new_tokens=new_tokens, runs=runs, label=label) -> float:
             nonlocal sample
             order = modes if repeat % 2 == 0 else list(reversed(modes))
+            pair_began = time.perf_counter()
             for mode in order:
                 measurement, result = _measure(session, prompt, new_tokens, mode)
                 runs[mode].append(measurement)
+                costs.record(mode, prompt.shape[1], new_tokens, measurement.total_s, measurement.prefill_s)
                 if not sample and mode == modes[-1]:
                     sample = session.tokenizer.decode(result.sequences[0, prompt.shape[1] :], skip_special_tokens=True)
+            if repeat == 0 and args.repeats > 1:  # the case's own first pair: the estimate it gives for the case
+                first = time.perf_counter() - pair_began
+                revised = case_text(first, args, costs.pairs_seen)
+                print(f"{label}: first pair {seconds_text(first)}, {revised} for the case",
+                      file=sys.stderr, flush=True)  # fmt: skip
             return runs["plain"][-1].total_s / runs[modes[-1]][-1].total_s if args.compare else 1.0
 
         if args.compare:
             speedups, settled = run_pairs(measure_pair, args.repeats, args.time_limit)
         else:
             speedups, settled = [measure_pair(repeat) for repeat in range(args.repeats)], True
+        costs.pairs_seen.append(len(speedups))
         row = _row(args, example, prompt_length, runs, modes)
         row["threads"] = session.threads.threads if session.threads is not None else None
         if args.compare:
             _compare_columns(row, runs, speedups, settled, args)
         rows.append(row)
-        for mode in modes:
-            rates[mode] = statistics.median(m.total_s for m in runs[mode]) / new_tokens
         result = (
             f", speedup {row['speedup']:.2f}x ({row['speedup_interval_text']}, {len(speedups)} pairs, "
             f"settled: {row['settled_text']})"
             if args.compare
             else ""
         )
-        print(f"{label} done: {prompt_length} + {new_tokens} tokens{result}", file=sys.stderr, flush=True)
+        took = seconds_text(time.perf_counter() - began)
+        print(f"{label} done: {prompt_length} + {new_tokens} tokens in {took}{result}", file=sys.stderr, flush=True)
     return sample
 
 

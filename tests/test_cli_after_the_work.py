@@ -121,3 +121,24 @@ def test_ctrl_c_prints_the_text_generated_so_far():
     assert "interrupted after " in err and "Traceback" not in err
     generated = int(err.split("interrupted after ")[1].split()[0])
     assert generated > 0 and out.strip(), (out, err)
+
+
+def test_a_renamed_gguf_keeps_its_repacked_weights(tmp_path):
+    """The quantized path's cache (`<stem>-<sha16>`): a renamed copy links to the entry of the first name."""
+    pytest.importorskip("gguf")
+    from assisted_backends.loading.models import load_model
+
+    tokenizer = train_tokenizer(read_corpus(60_000)[0], 300)
+    model = tiny_model("llama", seed=int(time.time()) % 10_000, vocab=len(tokenizer), init=0.1)  # content new here
+    first = write_llama_gguf(model, tokenizer, tmp_path / "first-name.gguf")
+    load_model(first)
+    entry = files.share_quantized_entry(first)
+    made = {path.name: path.stat().st_mtime_ns for path in entry.iterdir()}
+    renamed = tmp_path / "second-name.gguf"
+    shutil.copy2(first, renamed)
+    load_model(renamed)
+    linked = files.share_quantized_entry(renamed)
+    assert linked.is_symlink() and linked.resolve() == entry.resolve()
+    assert {path.name: path.stat().st_mtime_ns for path in entry.iterdir()} == made  # nothing repacked
+    shutil.rmtree(entry)
+    linked.unlink()

@@ -217,10 +217,12 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="CPU threads for torch (default: $OMP_NUM_THREADS if set, else the cores this process may use: its "
-        "CPU affinity, capped by a cgroup CPU quota, divided by the ranks a launcher started on this host)",
+        help="CPU threads for torch (default: $OMP_NUM_THREADS if set, else measured on the loaded target: 1 "
+        "thread against the cores this process may use, its CPU affinity capped by a cgroup CPU quota and divided "
+        "by the ranks a launcher started on this host; more than those cores is lowered to them)",
     )
-    device.add_argument(*_both("draft_precision"), dest="draft_precision", choices=DRAFT_PRECISIONS, default=None)
+    device.add_argument(*_both("draft_precision"), dest="draft_precision", choices=DRAFT_PRECISIONS, default=None,
+                        help="draft precision (default: as --dtype)")  # fmt: skip
     device.add_argument(
         *_both("static_shapes"),
         dest="static_shapes",

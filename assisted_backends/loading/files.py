@@ -98,6 +98,27 @@ def check_complete(path: Path, what: str = "model") -> None:
         raise incomplete(path, what, end=end)
 
 
+def share_quantized_entry(gguf: Path) -> Path:
+    """The repacked-weights cache entry of `gguf` (`quantized.cache`, named `<stem>-<sha16>`): when a file with
+    the same content was repacked under another name, the entry for this name becomes a link to that one, so a
+    renamed or copied file is not repacked again. Returns the entry (it may not exist yet)."""
+    from assisted_backends.quantized.cache import cache_root as quantized_root
+    from assisted_backends.quantized.cache import entry_dir
+
+    entry = entry_dir(gguf)
+    if entry.exists():
+        return entry
+    sha16 = entry.name.rsplit("-", 1)[-1]
+    for other in sorted(quantized_root().glob(f"*-{sha16}")):
+        if other.is_dir() and (other / "config.json").is_file():
+            try:
+                entry.symlink_to(other.name, target_is_directory=True)
+            except FileExistsError:  # another process linked it first
+                pass
+            break
+    return entry
+
+
 def converted_dir(gguf: Path) -> Path:
     """Where the converted model directory of `gguf` lives in the cache (it may not exist yet): named by the
     file's sha256 alone, so a renamed or copied file finds its conversion (the digest is remembered by path,

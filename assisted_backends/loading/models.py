@@ -76,6 +76,7 @@ def load_model(name: str | os.PathLike, what: str = "model", precision: str | No
     if gguf is not None and precision in (None, "int8", "int4"):
         files.require_gguf(gguf, what)
         files.check_complete(gguf, what)
+        files.share_quantized_entry(gguf)
         from assisted_backends.quantized.model import load_gguf_quantized
 
         return load_gguf_quantized(gguf, scheme=precision or "file", tokenizer=False).model.eval()

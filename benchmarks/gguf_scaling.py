@@ -2,6 +2,7 @@
 
     python -m benchmarks.gguf_scaling          # 0.5B, 1.5B, 3B, 7B x Q4_0, Q8_0, 1 and 2 threads
     python -m benchmarks.gguf_scaling --sizes 0.5B --quants Q4_0 --threads 1 --new-tokens 8 --repeats 1   # smoke
+    python -m benchmarks.gguf_scaling --quants Q4_K      # the K-quant files (0.5B's 896-wide rows fall back to Q5_0)
 
 Speed does not depend on the weights' values, so each file holds random blocks in the shapes of a
 Llama-family model (0.5B: Qwen2.5-0.5B's, 1.5B: Qwen2.5-1.5B's, 3B: Llama 3.2 3B's, 7B: Llama 2 7B's), written
@@ -50,22 +51,41 @@ SHAPES = {
     "7B": Shape(4096, 11008, 32, 32, 32, 32000, False),
 }
 BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34}  # per 32 weights: an fp16 scale, then 16 bytes of nibbles / 32 int8
+QUANTS = ("Q4_0", "Q8_0", "Q4_K")
+# (weights per block, bytes per block, the fp16 values at its start). Q4_K: d, dmin, 12 bytes of 6-bit scales and
+# mins (any bytes are valid), 128 bytes of nibbles; w = d·sc_j·q − dmin·m_j, centred near 0 by dmin ≈ 7.5·d.
+# Q5_0 (d, 4 bytes of fifth bits, 16 of nibbles) is what llama-quantize gives a Q4_K file's tensors whose rows
+# are not a multiple of 256 long (0.5B's 896 columns); the file keeps the mix a real Q4_K file would have.
+_LAYOUT = {
+    "Q4_0": (32, 18, (0.01,)),
+    "Q8_0": (32, 34, (0.01,)),
+    "Q5_0": (32, 22, (0.005,)),
+    "Q4_K": (256, 144, (2e-4, 1.5e-3)),
+}
+_FALLBACK = {"Q4_K": "Q5_0"}  # llama-quantize's choice when the columns do not divide into 256-weight blocks
+
+
+def _block_kind(quant: str, columns: int) -> str:
+    per_block = _LAYOUT[quant][0]
+    return quant if columns % per_block == 0 else _FALLBACK[quant]
 
 
 def _random_blocks(rows: int, columns: int, quant: str, rng: np.random.Generator) -> np.ndarray:
-    """[rows, columns / 32 * block bytes] uint8: random codes, each block's scale a small fp16 (0.01)."""
-    blocks = rows * columns // 32
-    data = rng.integers(0, 256, size=(blocks, BLOCK_BYTES[quant]), dtype=np.uint8)
-    data[:, :2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
-    return data.reshape(rows, columns // 32 * BLOCK_BYTES[quant])
+    """[rows, columns / block * block bytes] uint8: random codes (and random 6-bit sub-scales for Q4_K), each
+    block's fp16 scale(s) small constants (Q4_0 / Q8_0: 0.01)."""
+    per_block, size, scales = _LAYOUT[quant]
+    blocks = rows * columns // per_block
+    data = rng.integers(0, 256, size=(blocks, size), dtype=np.uint8)
+    data[:, : 2 * len(scales)] = np.frombuffer(np.array(scales, dtype=np.float16).tobytes(), dtype=np.uint8)
+    return data.reshape(rows, columns // per_block * size)
 
 
 def write_random_gguf(size: str, quant: str, path: Path, seed: int = 0) -> Path:
-    """A Llama-architecture GGUF file of shape SHAPES[size], every matrix `quant` blocks of random codes."""
+    """A Llama-architecture GGUF file of shape SHAPES[size], every matrix `quant` blocks of random codes (Q4_K:
+    matrices whose rows are not a multiple of 256 long in Q5_0, as llama-quantize writes them)."""
     import gguf
 
     shape, rng = SHAPES[size], np.random.default_rng(seed)
-    kind = getattr(gguf.GGMLQuantizationType, quant)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(f"random-{size}")
     writer.add_context_length(4096)
@@ -88,8 +108,9 @@ def write_random_gguf(size: str, quant: str, path: Path, seed: int = 0) -> Path:
     writer.add_eos_token_id(2)
 
     def matrix(name: str, rows: int, columns: int) -> None:
-        data = _random_blocks(rows, columns, quant, rng)
-        writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
+        block_kind = _block_kind(quant, columns)
+        data = _random_blocks(rows, columns, block_kind, rng)
+        writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=getattr(gguf.GGMLQuantizationType, block_kind))
 
     head_dim = shape.hidden // shape.heads
     matrix("token_embd.weight", shape.vocab, shape.hidden)
@@ -215,7 +236,7 @@ def measure(size: str, quant: str, args) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    parser.add_argument("--quants", nargs="+", choices=list(BLOCK_BYTES), default=list(BLOCK_BYTES))
+    parser.add_argument("--quants", nargs="+", choices=QUANTS, default=list(BLOCK_BYTES))
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)

@@ -8,8 +8,10 @@ Variants (all from the same GGUF file through `assisted_backends.quantized.load_
   fp32  scheme "dense": gguf's exact values as fp32 nn.Linear weights (what transformers loads)
   bf16  the fp32 model cast to bf16 (weights and activations)
   int8  scheme "int8": per-row int8 from the exact values, `_weight_int8pack_mm`, bf16 compute
-  int4  scheme "file": the file's Q4_1 codes as-is, `_weight_int4pack_mm_for_cpu` (group 32), bf16
-        compute; the Q8_0 embedding / tied head as two int4 planes
+  int4  scheme "file": the file's blocks as-is on the package's own kernels (`quantized.blocks`: Q4_1 codes
+        4-bit, the Q8_0 embedding / tied head 8-bit; activations int8 per 32-block, integer dot products)
+  int4_aten  the same file on PyTorch's kernels (the fallback: `_weight_int4pack_mm_for_cpu`, group 32,
+        bf16 compute; the Q8_0 table as two int4 planes), loaded with ASSISTED_BACKENDS_KERNELS=aten
 The whole-model step feeds M new tokens after a 64-token prompt held in a DynamicCache (cropped back after
 every call). --compile also times torch.compile (Inductor, dynamic=False) of the named variants' whole-model
 step on a static cache (all four when none is named) against eager on the same cache, and the compile time.
@@ -34,16 +36,23 @@ PROMPT = 64
 
 
 def load_variants() -> dict[str, nn.Module]:
+    import os
+
+    from assisted_backends.quantized.extension import SWITCH_VARIABLE
     from assisted_backends.quantized.model import load_gguf_quantized
 
     path = ensure_real_gguf("smollm2-135m-instruct")
     dense = load_gguf_quantized(path, scheme="dense", tokenizer=False).model
-    return {
+    variants = {
         "fp32": dense,
         "bf16": load_gguf_quantized(path, scheme="dense", tokenizer=False).model.to(torch.bfloat16),
         "int8": load_gguf_quantized(path, scheme="int8", tokenizer=False).model,
         "int4": load_gguf_quantized(path, scheme="file", tokenizer=False).model,
     }
+    os.environ[SWITCH_VARIABLE] = "aten"
+    variants["int4_aten"] = load_gguf_quantized(path, scheme="file", tokenizer=False).model
+    del os.environ[SWITCH_VARIABLE]
+    return variants
 
 
 def linear_layers(model: nn.Module) -> list[nn.Module]:
@@ -116,15 +125,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument(
-        "--compile", nargs="*", choices=("fp32", "bf16", "int8", "int4"), default=None,
+        "--compile", nargs="*", choices=("fp32", "bf16", "int8", "int4", "int4_aten"), default=None,
         help="also time torch.compile of these variants' step (none named: all four)",
     )  # fmt: skip
+    parser.add_argument("--variants", nargs="*", default=None, help="only these variants (default: all)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     bandwidth = read_bandwidth_gbs()
     models = load_variants()
+    models = {name: model for name, model in models.items() if not args.variants or name in args.variants}
     cases = {}
     for name, model in models.items():
         layers = linear_layers(model)

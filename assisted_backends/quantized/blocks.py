@@ -84,12 +84,16 @@ class BlockWeight:
     def from_stored(cls, tensors: dict[str, torch.Tensor], meta: dict[str, int]) -> BlockWeight:
         return cls(tensors["codes"], tensors["d"], tensors.get("dmin"), tensors.get("sc"), tensors.get("mn"), **meta)
 
+    def kernel_arguments(self, bias: torch.Tensor | None = None) -> tuple:
+        """The op's arguments after x, up to `isa`: `block_linear(x, *args, isa)`."""
+        return (self.codes, self.d, self.dmin, self.sc, self.mn, bias, self.out_features, self.in_features,
+                self.bits, self.group, self.sb, self.offset)  # fmt: skip
+
     def matmul(self, x: torch.Tensor, isa: int | None = None) -> torch.Tensor:
-        """y [M, N] fp32 = x [M, K] Wᵀ on the package's kernel (`isa`: None for the process's choice)."""
-        return torch.ops.assisted_backends.block_linear(
-            x, self.codes, self.d, self.dmin, self.sc, self.mn, self.out_features, self.in_features,
-            self.bits, self.group, self.sb, self.offset, extension.forced_isa() if isa is None else isa,
-        )  # fmt: skip
+        """y [..., N] = x [..., K] Wᵀ on the package's kernel, in x's dtype (`isa`: None for the process's choice)."""
+        return torch.ops.assisted_backends.block_linear.default(
+            x, *self.kernel_arguments(), extension.forced_isa() if isa is None else isa
+        )
 
     # -- reading back (the embedding's row gather, checks, the reference) --------------------------------------
 

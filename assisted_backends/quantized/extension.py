@@ -187,8 +187,8 @@ def _register_fakes() -> None:
         return
 
     @torch.library.register_fake("assisted_backends::block_linear")
-    def _(x, codes, d, dmin, sc, mn, n, k, bits, group, sb, offset, isa):
-        return x.new_empty((x.shape[0], n), dtype=torch.float32)
+    def _(x, codes, d, dmin, sc, mn, bias, n, k, bits, group, sb, offset, isa):
+        return x.new_empty((*x.shape[:-1], n))
 
     @torch.library.register_fake("assisted_backends::block_quantize_activations")
     def _(x):

@@ -55,6 +55,12 @@ class QuantizedLinear(nn.Module):
             self.register_buffer("scale_zeros", kernels.aligned(weight.scale_zeros))
             self.compute_dtype = weight.scale_zeros.dtype
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self._bind_block_arguments()
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name in self._buffers and "_block_arguments" in self.__dict__:  # a replaced buffer rebinds the op's arguments
+            self._bind_block_arguments()
 
     @property
     def kernel(self) -> str:
@@ -71,6 +77,7 @@ class QuantizedLinear(nn.Module):
         """`.to(dtype)` / `.float()` on a model casts every float buffer: the scales keep the kernels' dtype."""
         super()._apply(fn, recurse)
         _keep_kernel_dtypes(self)
+        self._bind_block_arguments()
         return self
 
     @classmethod
@@ -118,10 +125,8 @@ class QuantizedLinear(nn.Module):
         return rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.block_meta is not None:
-            out = self._block_matmul(x.reshape(-1, self.in_features))
-            out = out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-            return out if self.bias is None else out + self.bias.to(x.dtype)
+        if self._block_arguments is not None:  # one call: the op reshapes, adds the bias and casts back
+            return self._block_op(x, *self._block_arguments, extension.forced_isa())
         rows = self._rows(x)  # [M, P·K]
         if rows.shape[0] == 0:
             out = rows.new_zeros(0, self.out_features)
@@ -132,13 +137,12 @@ class QuantizedLinear(nn.Module):
         out = out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         return out if self.bias is None else out + self.bias.to(x.dtype)
 
-    def _block_matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        meta = self.block_meta
-        return torch.ops.assisted_backends.block_linear(
-            rows, self.block_codes, self.block_d, getattr(self, "block_dmin", None), getattr(self, "block_sc", None),
-            getattr(self, "block_mn", None), meta["out_features"], meta["in_features"], meta["bits"], meta["group"],
-            meta["sb"], meta["offset"], extension.forced_isa(),
-        )  # fmt: skip
+    def _bind_block_arguments(self) -> None:
+        """The op's arguments, gathered once (attribute lookups on a module cost more than the op's own checks)."""
+        self._block_arguments = None
+        if self.block_meta is not None:
+            self._block_arguments = self.weight_data.kernel_arguments(self.bias)
+            self._block_op = torch.ops.assisted_backends.block_linear.default
 
     def extra_repr(self) -> str:
         if self.block_meta is not None:
@@ -243,6 +247,7 @@ def quantize_model(
     dtype: torch.dtype = kernels.FAST_DTYPE,
     embeddings: bool = True,
     activations: str = "int8",
+    fuse: bool = True,
 ) -> nn.Module:
     """Replace every eligible nn.Linear / Conv1D of `model` (in place) by a QuantizedLinear; return it.
 
@@ -251,6 +256,7 @@ def quantize_model(
     With `embeddings`, the input embedding becomes a QuantizedEmbedding too; when the LM head is tied
     to it (one Parameter), both share one quantized storage. `activations` "int8": the package's kernels where
     they run (`QuantizedLinear.from_float`); "float": PyTorch's weight-only kernels, activations unquantized.
+    `fuse`: q/k/v and gate/up as one kernel call each where their blocks agree (`fusion`; the same bits).
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r} is not one of {SCHEMES}")
@@ -295,6 +301,10 @@ def quantize_model(
                 layer = QuantizedLinear.from_float(weight, bias, scheme, group_size, dtype, activations)
                 report[full] = scheme
             setattr(parent, name, layer)
+    if fuse:
+        from assisted_backends.quantized.fusion import fuse_projections
+
+        fuse_projections(model)
     model.quantization_report = report
     return model
 

@@ -38,6 +38,7 @@ from torch import nn
 
 from assisted_backends.quantized import blocks, cache, extension, gguf, kernels
 from assisted_backends.quantized.blocks import BlockWeight
+from assisted_backends.quantized.fusion import fuse_projections
 from assisted_backends.quantized.gguf_header import GGUFHeader, read_header
 from assisted_backends.quantized.hf_config import load_config
 from assisted_backends.quantized.int4_layout import signature
@@ -453,6 +454,7 @@ def load_gguf_quantized(
         if plan is not None:
             config = AutoConfig.from_pretrained(str(directory))
             model = _install(_skeleton(config), plan)
+            fuse_projections(model)
             ready = time.perf_counter() - started
             # After the model: a tokenizer thread started earlier would slow the model's build (GIL).
             pending = None
@@ -468,6 +470,7 @@ def load_gguf_quantized(
     model = _skeleton(config)
     plan = _plan_from_file(model, header, config, scheme, group_size, dtype, compact)
     model = _install(model, plan)
+    fuse_projections(model)
     if caching:
         if not (directory / "config.json").is_file():
             cache.write_atomically(directory / "config.json", lambda tmp: tmp.write_text(config.to_json_string()))

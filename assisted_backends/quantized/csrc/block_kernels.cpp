@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -322,31 +323,40 @@ Weights weights_of(const at::Tensor& codes, const at::Tensor& d, const c10::opti
 
 at::Tensor block_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& d,
                         const c10::optional<at::Tensor>& dmin, const c10::optional<at::Tensor>& sc,
-                        const c10::optional<at::Tensor>& mn, int64_t n, int64_t k, int64_t bits, int64_t group,
-                        int64_t sb, int64_t offset, int64_t isa) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "block kernels: x must be [M, ", k, "]");
+                        const c10::optional<at::Tensor>& mn, const c10::optional<at::Tensor>& bias, int64_t n,
+                        int64_t k, int64_t bits, int64_t group, int64_t sb, int64_t offset, int64_t isa) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k, "block kernels: x must be [..., ", k, "], got ", x.sizes());
   const Weights w = weights_of(codes, d, dmin, sc, mn, n, k, bits, group, sb, offset);
-  const int64_t m = x.size(0);
+  const at::Tensor rows = x.reshape({-1, k});
+  const int64_t m = rows.size(0);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
   at::Tensor y = at::empty({m, n}, at::kFloat);
-  if (m == 0) return y;
-  auto [q, dx, zx, bsum] = quantize_activations(x);
-  const Activations a{q.data_ptr<int8_t>(), dx.data_ptr<float>(), zx.data_ptr<float>(), bsum.data_ptr<int32_t>(), m, k};
-  const int64_t chosen = isa < 0 ? best_isa() : std::min(isa, best_isa());
-  float* yp = y.data_ptr<float>();
-  const int64_t tiles = (n + kTile - 1) / kTile;
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t m0 = 0; m0 < m; m0 += kRowsPerPass) {
-        const int rows = int(std::min<int64_t>(kRowsPerPass, m - m0));
-        if (chosen == kScalar) {
-          tile_scalar(w, a, t, m0, rows, yp);
-        } else {
-          pick(chosen, w.bits, rows)(w, a, t, m0, yp);
+  if (m > 0) {
+    auto [q, dx, zx, bsum] = quantize_activations(rows);
+    const Activations a{q.data_ptr<int8_t>(), dx.data_ptr<float>(), zx.data_ptr<float>(), bsum.data_ptr<int32_t>(), m, k};
+    const int64_t chosen = isa < 0 ? best_isa() : std::min(isa, best_isa());
+    float* yp = y.data_ptr<float>();
+    const int64_t tiles = (n + kTile - 1) / kTile;
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        for (int64_t m0 = 0; m0 < m; m0 += kRowsPerPass) {
+          const int rows_now = int(std::min<int64_t>(kRowsPerPass, m - m0));
+          if (chosen == kScalar) {
+            tile_scalar(w, a, t, m0, rows_now, yp);
+          } else {
+            pick(chosen, w.bits, rows_now)(w, a, t, m0, yp);
+          }
         }
       }
+    });
+    if (bias.has_value() && bias->defined()) {
+      TORCH_CHECK(bias->numel() == n, "block kernels: bias must have ", n, " values");
+      y.add_(bias->to(at::kFloat));  // fp32 sum + fp32 bias: one rounding, as `y + bias` in PyTorch
     }
-  });
-  return y;
+  }
+  y = y.view(shape);
+  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
 
 int64_t cpu_isa() { return best_isa(); }
@@ -354,8 +364,8 @@ int64_t cpu_isa() { return best_isa(); }
 }  // namespace
 
 TORCH_LIBRARY(assisted_backends, m) {
-  m.def("block_linear(Tensor x, Tensor codes, Tensor d, Tensor? dmin, Tensor? sc, Tensor? mn, int n, int k, int bits, "
-        "int group, int sb, int offset, int isa) -> Tensor");
+  m.def("block_linear(Tensor x, Tensor codes, Tensor d, Tensor? dmin, Tensor? sc, Tensor? mn, Tensor? bias, int n, "
+        "int k, int bits, int group, int sb, int offset, int isa) -> Tensor");
   m.def("block_quantize_activations(Tensor x) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("block_cpu_isa() -> int", &cpu_isa);
 }

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_fixtures import claiming_7b
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
@@ -226,10 +227,15 @@ def test_unknown_architecture_without_a_draft_lists_the_options(saved_pair, caps
 
 
 def test_default_draft_that_is_not_on_disk_says_so_in_one_line(saved_pair, capsys):
-    code, _, stderr = _run(capsys, "-m", str(saved_pair / "target"), "--dtype", "fp32")
+    code, _, stderr = _run(capsys, "-m", str(claiming_7b(saved_pair / "target")), "--dtype", "fp32")
     assert code == 2
     assert "default draft PY007/TinyLlama-1.1B-intermediate-step-715k-1.5T is not on this machine" in stderr
     assert len(stderr.strip().splitlines()[-1]) > 0 and "Traceback" not in stderr
+
+
+def test_a_default_draft_larger_than_the_target_is_never_offered(saved_pair, capsys):
+    code, _, stderr = _run(capsys, "-m", str(saved_pair / "target"), "--dtype", "fp32")
+    assert code == 2 and "is not larger than its family's usual draft" in stderr and "--prompt-lookup 10" in stderr
 
 
 def test_empty_prompt(saved_pair, capsys):

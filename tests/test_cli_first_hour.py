@@ -1,4 +1,4 @@
-"""The first hour of a new user (issue 23): threads chosen from a measurement, runs and rows that say what load
+"""The first hour of a new user: threads chosen from a measurement, runs and rows that say what load
 they ran under, progress on long work, one-line errors that answer before torch loads, quiet output.
 
 Subprocesses run the CLI of this checkout (`python -m assisted_backends.cli` with this tree first on
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_fixtures import claiming_7b
 from gguf_fixtures import write_llama_gguf
 from tiny_models import tiny_model
 
@@ -142,7 +143,8 @@ def _pre_torch_cases(pair: Path) -> dict[str, tuple[list[str], dict[str, str], s
         ),  # fmt: skip
         "gguf early exit": (["-m", str(pair / "target.gguf"), "--assistant-early-exit", "4"], {}, "between 1 and 3"),
         "uncached Hub id, no network": (["-m", "someone/some-model"], offline_hub, "the Hub cannot be reached"),
-        "default draft not here": (["-m", str(pair / "target")], offline_hub, "default draft PY007/TinyLlama"),
+        "default draft not here": (["-m", str(claiming_7b(pair / "target"))], offline_hub, "default draft PY007/Tiny"),
+        "default draft larger": (["-m", str(pair / "target")], offline_hub, "is not larger than its family's usual"),
     }
 
 
@@ -163,6 +165,7 @@ def _pre_torch_cases(pair: Path) -> dict[str, tuple[list[str], dict[str, str], s
         "gguf early exit",
         "uncached Hub id, no network",
         "default draft not here",
+        "default draft larger",
     ],
 )
 def test_checks_that_need_no_model_answer_in_under_a_second_without_torch(pair, name):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_fixtures import claiming_7b
 from tiny_models import tiny_model
 
 from assisted_backends.backends.cpu import affinity
@@ -258,7 +259,8 @@ def test_missing_default_draft_is_reported_at_once_without_network(pair, tmp_pat
     server.setblocking(False)
     endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
     try:
-        run = _cli("-m", str(pair / "target"), HF_HUB_OFFLINE="", HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path / "hf"))
+        run = _cli("-m", str(claiming_7b(pair / "target")), HF_HUB_OFFLINE="", HF_ENDPOINT=endpoint,
+                   HF_HOME=str(tmp_path / "hf"))  # fmt: skip
         try:
             server.accept()
             connected = True

@@ -175,3 +175,14 @@ def test_a_run_that_made_no_data_resumes_with_a_larger_budget(texts, tmp_path):
     resumed = train(_small(texts, tmp_path / "run", minutes=1.0, data_share=0.2, max_steps=5, progress_bar=False),
                     target, tokenizer)  # fmt: skip
     assert resumed.training_sequences > 0 and resumed.steps == 5
+
+
+def test_generation_batches_are_sized_to_the_time_left_and_estimates_follow_the_measured_rate():
+    from assisted_backends.train_draft.trainer import batch_that_fits, projected_total
+
+    assert batch_that_fits(16, None, 30.0) == 16  # no rate yet: the wanted size (the first batch is capped apart)
+    assert batch_that_fits(16, 2.0, 9.0) == 4  # 2 s a sequence, 9 s left: 4 fit
+    assert batch_that_fits(16, 2.0, 1.0) == 0 and batch_that_fits(16, 2.0, -1.0) == 0
+    assert projected_total(0, 0.0, 60.0) is None  # nothing measured: no estimate, rather than a wrong one
+    assert projected_total(10, 5.0, 20.0) == 50  # 2 a second, 20 s more
+    assert projected_total(10, 5.0, 20.0, cap=30) == 30

@@ -1,6 +1,7 @@
 """One decode step (M = 1) and verify passes (M = 4, 5, 11) of SmolLM2-135M with fp32 / bf16 / int8 / int4
-weights: its linear layers alone and the whole model, eager, interleaved medians; this CPU's memory read
-bandwidth and the floor it puts under a step (weight bytes / bandwidth); optionally torch.compile.
+weights: its linear layers alone and the whole model, eager, interleaved medians; prefill of 128- and 512-token
+prompts in tokens/s; this CPU's memory read bandwidth and the floor it puts under a step (weight bytes /
+bandwidth); optionally torch.compile.
 
     python -m benchmarks.quantized_step [--threads 1] [--repeats 7] [--compile [fp32 bf16 int8 int4]]
 
@@ -33,6 +34,7 @@ from benchmarks.harness.memory import read_bandwidth_gbs, tensor_bytes
 
 ROWS = (1, 4, 5, 11)
 PROMPT = 64
+PREFILL = (128, 512)
 
 
 def load_variants() -> dict[str, nn.Module]:
@@ -101,6 +103,17 @@ def model_step(model: nn.Module, rows: int, static: bool = False):
     return run
 
 
+def prefill(model: nn.Module, tokens: int):
+    """A callable running a `tokens`-long prompt through `model` from an empty cache (a chat turn's history)."""
+    prompt = torch.randint(0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(2))
+
+    def run() -> None:
+        with torch.inference_mode():
+            model(prompt, use_cache=True, **hf_compat.cache_kwargs(model, hf_compat.new_dynamic_cache(model)))
+
+    return run
+
+
 def compile_probe(model: nn.Module, repeats: int) -> dict:
     """Compile seconds, and eager / compiled ms by M, for the whole-model step of `model` on a static cache."""
     compiled_model = torch.compile(model, dynamic=False)
@@ -143,6 +156,8 @@ def main() -> None:
         for rows in ROWS:
             cases[f"{name}_linear_{rows}"] = linear_step(layers, rows, dtype)
             cases[f"{name}_model_{rows}"] = model_step(model, rows)
+        for tokens in PREFILL:
+            cases[f"{name}_prefill_{tokens}"] = prefill(model, tokens)
     median = interleaved(cases, args.repeats, warmup=1).medians()
     rows_out = {}
     for name, model in models.items():
@@ -154,6 +169,7 @@ def main() -> None:
             "linear_ms": {r: round(1000 * median[f"{name}_linear_{r}"], 2) for r in ROWS},
             "model_ms": {r: round(1000 * median[f"{name}_model_{r}"], 2) for r in ROWS},
             "verify_in_steps": {r: round(median[f"{name}_model_{r}"] / step, 3) for r in ROWS if r > 1},
+            "prefill_tokens_per_s": {t: round(t / median[f"{name}_prefill_{t}"], 1) for t in PREFILL},
         }
         print(name, rows_out[name], flush=True)
     payload = {"what": __doc__.split("\n\n")[0].replace("\n", " "), "threads": args.threads,

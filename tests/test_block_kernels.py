@@ -189,3 +189,28 @@ def test_fused_projections_give_the_unfused_logits_bit_for_bit(arch):
     ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(fused(ids).logits, separate(ids).logits)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_layouts_match_the_formula_on_every_path(seed):
+    # A seeded differential fuzzer over what the layout allows: any stored byte (8-bit v = −128 included), group
+    # 16 or 32, super-blocks, offsets, with or without per-group multipliers and zeros, any N, any M.
+    generator = torch.Generator().manual_seed(seed)
+    pick = lambda options: options[int(torch.randint(len(options), (1,), generator=generator))]  # noqa: E731
+    bits = pick([4, 8])
+    group = 32 if bits == 4 else pick([16, 32])
+    sb = pick([1, 256 // group])
+    n, k = int(torch.randint(1, 70, (1,), generator=generator)), group * sb * int(torch.randint(1, 5, (1,), generator=generator))
+    k = k if k % 32 == 0 else 2 * k
+    groups = k // group
+    codes = torch.randint(0, 16 if bits == 4 else 256, (n, k), generator=generator).to(torch.uint8)
+    half = lambda shape: (torch.rand(shape, generator=generator) * 2e-2 - 1e-2).to(torch.float16)  # noqa: E731
+    byte = lambda: torch.randint(-128, 128, (n, groups), generator=generator).to(torch.int8)  # noqa: E731
+    with_sc, with_min = pick([True, False]), pick([True, False])
+    weight = blocks.from_parts(codes, half((n, groups // sb)), half((n, groups // sb)) if with_min else None,
+                               byte() if with_sc else None, byte() if with_sc and with_min else None, bits, group, sb,
+                               pick([0, 8]) if bits == 4 else 0)  # fmt: skip
+    x = torch.randn(int(torch.randint(1, 20, (1,), generator=generator)), k, generator=generator) * 3
+    reference = blocks.reference_linear(weight, x)
+    for isa in extension.runnable_isas():
+        assert torch.equal(weight.matmul(x, ISAS.index(isa)), reference), (isa, bits, group, sb, with_sc, with_min)

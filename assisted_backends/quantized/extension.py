@@ -34,7 +34,7 @@ SOURCE = Path(__file__).with_name("csrc") / "block_kernels.cpp"
 ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the C++ enum's order
 ISA_VARIABLE = "ASSISTED_BACKENDS_KERNEL_ISA"
 SWITCH_VARIABLE = "ASSISTED_BACKENDS_KERNELS"
-_BUILD_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17"]
+_BUILD_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math"]
 
 
 @dataclass(frozen=True)

@@ -338,7 +338,10 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& codes, const at::
     const int64_t chosen = isa < 0 ? best_isa() : std::min(isa, best_isa());
     float* yp = y.data_ptr<float>();
     const int64_t tiles = (n + kTile - 1) / kTile;
-    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    // At least ~64 KB of weight work a thread: a small layer's tiles are not worth a second thread's wake-up.
+    const int64_t work_per_tile = w.groups * w.group_bytes() * (1 + m / 4);
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, work_per_tile));
+    at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         for (int64_t m0 = 0; m0 < m; m0 += kRowsPerPass) {
           const int rows_now = int(std::min<int64_t>(kRowsPerPass, m - m0));

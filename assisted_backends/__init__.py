@@ -17,7 +17,7 @@ _LAZY = {
     "AssistedGenerator": "assisted_backends.api.generation",
     "GenerateResult": "assisted_backends.api.generation",
     "generate": "assisted_backends.api.generation",
-    "generate_queue": "assisted_backends.api.queue",
+    "generate_queue": "assisted_backends.api.generation",
     "QueueResult": "assisted_backends.api.queue",
     "GenerationStats": "assisted_backends.engine.stats",
     "disable": "assisted_backends.api.dropin",

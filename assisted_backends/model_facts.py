@@ -30,7 +30,9 @@ class ModelFacts:
     `key_limit`: (config name, limit) of a bias table indexed by key length (MPT's `max_seq_len`);
     `parameters` / `body_parameters`: counted as the unquantized model has them, the latter without the
     input embeddings and the output head (once if tied): what a pass over a prompt runs per token;
-    `rollback_refusal`: why its KV cache cannot move back exactly (None: it can).
+    `rollback_refusal`: why its KV cache cannot move back exactly (None: it can);
+    `hidden_size`: the width of its hidden states, when the config states one (an EAGLE head's features
+    must have it).
     """
 
     name: str
@@ -43,6 +45,7 @@ class ModelFacts:
     parameters: int
     body_parameters: int
     rollback_refusal: str | None
+    hidden_size: int | None = None
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ModelFacts:
@@ -66,6 +69,7 @@ class ModelFacts:
             parameters=parameters,
             body_parameters=max(parameters - sum(matrices.values()), 1),
             rollback_refusal=hf_compat.rollback_refusal(model),
+            hidden_size=hidden if isinstance(hidden := getattr(config, "hidden_size", None), int) else None,
         )
 
     def check_rollback(self, role: str) -> None:

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from assisted_backends.api.plan import CallSettings, GenerationPlan, plan_generation
 from assisted_backends.api import threads as cpu_threads
+from assisted_backends.api.plan import CallSettings, GenerationPlan, plan_generation
+from assisted_backends.api.queue import DEFAULT_SLOTS, PromptLike, QueueResult, generate_many
 from assisted_backends.api.run import GenerateResult, run
 from assisted_backends.backends.base import Backend, BackendOptions, unprepared
 from assisted_backends.backends.registry import resolve_backend
@@ -40,10 +41,7 @@ from assisted_backends.loading import models
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
 
-if TYPE_CHECKING:
-    from assisted_backends.api.queue import PromptLike, QueueResult
-
-__all__ = ["AssistedGenerator", "GenerateResult", "generate"]  # queues: api.queue (generate_queue)
+__all__ = ["AssistedGenerator", "GenerateResult", "generate", "generate_queue"]
 
 ModelArgument = PreTrainedModel | str | os.PathLike
 
@@ -124,14 +122,12 @@ class AssistedGenerator:
         self,
         prompts: Iterable[PromptLike],
         *,
-        slots: int = 8,
+        slots: int = DEFAULT_SLOTS,
         on_finish: Callable[[int, torch.Tensor], None] | None = None,
         **arguments: Any,
     ) -> QueueResult:
         """Many prompts through `slots` batch rows, a slot refilled as soon as its row ends (`api.queue`): a
         `QueueResult` with each prompt's new tokens, in the prompts' order (`on_finish(i, tokens)` as each ends)."""
-        from assisted_backends.api.queue import generate_many
-
         cpu_threads.for_call(self.model, self.backend.device, self.threads)
         return generate_many(self, prompts, slots=slots, on_finish=on_finish, **arguments)
 
@@ -165,3 +161,30 @@ def generate(
         threads=threads,
     )
     return generator.generate(input_ids, **arguments)
+
+
+def generate_queue(
+    model: ModelArgument,
+    prompts: Iterable[PromptLike],
+    *,
+    slots: int = DEFAULT_SLOTS,
+    on_finish: Callable[[int, torch.Tensor], None] | None = None,
+    assistant_model: ModelArgument | None = None,
+    tokenizer: Any = None,
+    assistant_tokenizer: Any = None,
+    device: str = "auto",
+    dtype: str | None = None,
+    draft_precision: str | None = None,
+    bucket_size: int | None = None,
+    backend: Backend | None = None,
+    threads: int | None = None,
+    **arguments: Any,
+) -> QueueResult:
+    """`generate` for many prompts through `slots` batch rows, each slot refilled as its row ends (`api.queue`);
+    models and device as `generate` takes them."""
+    generator = AssistedGenerator(
+        model, assistant_model, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer, device=device,
+        dtype=dtype, draft_precision=draft_precision, bucket_size=bucket_size, backend=backend,
+        threads=threads,
+    )  # fmt: skip
+    return generator.generate_many(prompts, slots=slots, on_finish=on_finish, **arguments)

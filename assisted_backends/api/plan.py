@@ -15,7 +15,6 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from assisted_backends.backends.base import Backend, PaddingPolicy
-from assisted_backends.drafters.eagle.build import target_hidden_size
 from assisted_backends.drafters.factory import DraftSpec, plan_drafting
 from assisted_backends.engine.kv_cache import bucketed
 from assisted_backends.engine.schedule import ScheduleSpec, choose_schedule
@@ -91,7 +90,18 @@ def batch_bucket(batch: int) -> int:
     return 1 << (batch - 1).bit_length()
 
 
-def _check_target_length(facts: ModelFacts, real_prompt: int, max_new_tokens: int, cache_length: int) -> None:
+def capacity_and_keys(
+    width: int, max_new_tokens: int, schedule: ScheduleSpec | None, layout: str, bucket: int
+) -> tuple[int, int]:
+    """(capacity, keys): the token buffer's columns for prompts `width` columns wide (padding included) and
+    `max_new_tokens`, with room for one round's γ + 1 lookahead; the keys a model attends over, which is the
+    preallocated static cache, else at most the committed sequence."""
+    lookahead = (schedule.gamma + 1) if schedule is not None else 1
+    capacity = width + max_new_tokens + lookahead
+    return capacity, bucketed(capacity, bucket) if layout == "static" else capacity - lookahead
+
+
+def check_target_length(facts: ModelFacts, real_prompt: int, max_new_tokens: int, cache_length: int) -> None:
     """Refuse before generating when the positions or the attended keys (padding included) exceed what the
     target's config allows."""
     needed = real_prompt + max_new_tokens
@@ -148,7 +158,7 @@ def plan_generation(
     ranges.check_drafting({"assistant_model": assistant_model, **vars(fields)})
     draft = plan_drafting(
         facts, assistant_model, draft_facts, tokenizer, assistant_tokenizer,
-        fields.prompt_lookup_num_tokens, fields.assistant_early_exit, target_hidden_size(model),
+        fields.prompt_lookup_num_tokens, fields.assistant_early_exit,
     )  # fmt: skip
     padding = backend.padding(settings.static_shapes)
     static = padding.static_shapes
@@ -171,11 +181,10 @@ def plan_generation(
     layout = "static" if static else (settings.cache_layout or backend.cache_layout_for(model, assistant_model))
     prompt_length = options.input_ids.shape[1]
     bucket_pad = (-prompt_length) % padding.bucket if static else 0
-    lookahead = (schedule.gamma + 1) if schedule is not None else 1
-    capacity = prompt_length + bucket_pad + options.max_new_tokens + lookahead
-    # Keys a model attends over: the preallocated static cache, else at most the committed sequence.
-    cache_length = bucketed(capacity, padding.bucket) if layout == "static" else capacity - lookahead
-    _check_target_length(facts, prompt_length - min(options.user_pad), options.max_new_tokens, cache_length)
+    capacity, cache_length = capacity_and_keys(
+        prompt_length + bucket_pad, options.max_new_tokens, schedule, layout, padding.bucket
+    )
+    check_target_length(facts, prompt_length - min(options.user_pad), options.max_new_tokens, cache_length)
     wants_outputs = options.outputs.scores or options.outputs.logits
     return GenerationPlan(
         options=options,

@@ -1,5 +1,5 @@
-"""Many prompts through a fixed number of slots: `generate_queue(model, prompts, slots=8, ...)` and
-`AssistedGenerator.generate_many(prompts, slots=8, ...)`.
+"""Many prompts through a fixed number of slots: `AssistedGenerator.generate_many(prompts, slots=8, ...)` and
+`generate_queue(model, prompts, slots=8, ...)` (both in `api.generation`, which calls `generate_many` here).
 
 An evaluation set or a server's requests: prompts of different lengths whose answers end at different
 tokens (EOS, stop strings, the limit). Fixed batches of B end with their slowest row, and the rounds
@@ -23,22 +23,34 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
+from transformers import PreTrainedModel
 
-from assisted_backends.api.plan import GenerationPlan, batch_bucket
+from assisted_backends.api.plan import GenerationPlan, batch_bucket, capacity_and_keys, check_target_length
 from assisted_backends.api.run import QueueSettings, decode_plan
+from assisted_backends.backends.base import Backend
 from assisted_backends.engine.joins import Arrival, PromptQueue, Refill
-from assisted_backends.engine.kv_cache import bucketed
 from assisted_backends.engine.stats import GenerationStats
+from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
 from assisted_backends.options.errors import OptionError
 from assisted_backends.options.processors import row_logits_processors
 from assisted_backends.options.resolve import user_set
 
-if TYPE_CHECKING:
-    from assisted_backends.api.generation import AssistedGenerator
+
+class Planner(Protocol):
+    """What a queue needs of its caller's `AssistedGenerator` (`api.generation`, which calls this module): the
+    models, their facts and backend, and a plan per batch."""
+
+    model: PreTrainedModel
+    assistant_model: PreTrainedModel | None
+    facts: ModelFacts
+    backend: Backend
+
+    def plan(self, input_ids: torch.Tensor | None = None, **arguments: Any) -> GenerationPlan: ...
+
 
 DEFAULT_SLOTS = 8
 PromptLike = torch.Tensor | list[int] | tuple[int, ...] | Mapping[str, Any]
@@ -108,7 +120,7 @@ def _refuse_per_batch(arguments: dict[str, Any], on_finish) -> None:
         raise OptionError("{name} must be callable as on_finish(index, tokens)", name="on_finish")
 
 
-def _refuse_in_plan(plan: GenerationPlan, generator: AssistedGenerator, arguments: dict[str, Any]) -> None:
+def _refuse_in_plan(plan: GenerationPlan, generator: Planner, arguments: dict[str, Any]) -> None:
     """What the first batch's plan accepted but a queue cannot honour per prompt."""
     options = plan.options
     if options.outputs.scores or options.outputs.logits:
@@ -127,25 +139,23 @@ def _refuse_in_plan(plan: GenerationPlan, generator: AssistedGenerator, argument
         )
 
 
-def _queue_plan(plan: GenerationPlan, generator: AssistedGenerator, prompts: list[torch.Tensor], slots: int):
+def _queue_plan(plan: GenerationPlan, generator: Planner, prompts: list[torch.Tensor], slots: int):
     """The first batch's plan with the queue's capacity (its longest prompt) and the schedule's horizon (the
     tokens each slot makes over the whole queue), the longest prompt checked against the target's positions."""
-    from assisted_backends.api.plan import _check_target_length
-
     options = plan.options
     longest = max(p.shape[0] for p in prompts)
-    lookahead = (plan.schedule.gamma + 1) if plan.schedule is not None else 1
     first_width = options.input_ids.shape[1] + plan.bucket_pad
-    capacity = max(first_width, longest) + options.max_new_tokens + lookahead
-    cache_length = bucketed(capacity, plan.padding.bucket) if plan.layout == "static" else capacity - lookahead
-    _check_target_length(generator.facts, longest, options.max_new_tokens, cache_length)
+    capacity, cache_length = capacity_and_keys(
+        max(first_width, longest), options.max_new_tokens, plan.schedule, plan.layout, plan.padding.bucket
+    )
+    check_target_length(generator.facts, longest, options.max_new_tokens, cache_length)
     schedule = plan.schedule
     if schedule is not None and schedule.horizon is not None:
         schedule = dataclasses.replace(schedule, horizon=options.max_new_tokens * math.ceil(len(prompts) / slots))
     return dataclasses.replace(plan, capacity=capacity, schedule=schedule)
 
 
-def _processors(generator: AssistedGenerator, plan: GenerationPlan, prompt: torch.Tensor) -> list:
+def _processors(generator: Planner, plan: GenerationPlan, prompt: torch.Tensor) -> list:
     """The processors `model.generate` builds for `prompt` [P] alone."""
     options = plan.options
     config_limit = options.config.max_length - options.input_ids.shape[1]  # max_new_tokens (max_length refused)
@@ -154,9 +164,7 @@ def _processors(generator: AssistedGenerator, plan: GenerationPlan, prompt: torc
     return row_logits_processors(generator.model, options.config, prompt[None], [0], config_limit, device, custom)[0]
 
 
-def _arrivals(
-    generator: AssistedGenerator, plan: GenerationPlan, prompts: list[torch.Tensor], first: int
-) -> Iterator[Arrival]:
+def _arrivals(generator: Planner, plan: GenerationPlan, prompts: list[torch.Tensor], first: int) -> Iterator[Arrival]:
     for index in range(first, len(prompts)):
         yield Arrival(index, prompts[index], _processors(generator, plan, prompts[index]))
 
@@ -167,7 +175,7 @@ def _agreed(prompts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def generate_many(
-    generator: AssistedGenerator,
+    generator: Planner,
     prompts: Iterable[PromptLike],
     slots: int = DEFAULT_SLOTS,
     on_finish: Callable[[int, torch.Tensor], None] | None = None,
@@ -199,32 +207,3 @@ def generate_many(
     )
     stats.batch_size = slots
     return QueueResult([buffer.results[i] for i in range(len(queue))], stats)
-
-
-def generate_queue(
-    model,
-    prompts: Iterable[PromptLike],
-    *,
-    slots: int = DEFAULT_SLOTS,
-    on_finish: Callable[[int, torch.Tensor], None] | None = None,
-    assistant_model=None,
-    tokenizer: Any = None,
-    assistant_tokenizer: Any = None,
-    device: str = "auto",
-    dtype: str | None = None,
-    draft_precision: str | None = None,
-    bucket_size: int | None = None,
-    backend=None,
-    threads: int | None = None,
-    **arguments: Any,
-) -> QueueResult:
-    """`generate` for many prompts through `slots` batch rows, each slot refilled as its row ends (see the module
-    docstring); models and device as `generate` takes them."""
-    from assisted_backends.api.generation import AssistedGenerator
-
-    generator = AssistedGenerator(
-        model, assistant_model, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer, device=device,
-        dtype=dtype, draft_precision=draft_precision, bucket_size=bucket_size, backend=backend,
-        threads=threads,
-    )  # fmt: skip
-    return generator.generate_many(prompts, slots=slots, on_finish=on_finish, **arguments)

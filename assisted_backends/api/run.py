@@ -15,7 +15,6 @@ from assisted_backends.api.plan import GenerationPlan
 from assisted_backends.api.streaming import StreamSink
 from assisted_backends.backends.base import Backend
 from assisted_backends.distributed import agreement
-from assisted_backends.drafters.eagle.combined import LookupOrHead
 from assisted_backends.drafters.factory import build_drafter
 from assisted_backends.engine.joins import Refill
 from assisted_backends.engine.kv_cache import make_layout
@@ -23,7 +22,6 @@ from assisted_backends.engine.loop import LoopSettings, decode
 from assisted_backends.engine.outputs import CommittedScores
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector
-from assisted_backends.engine.schedule import AdaptiveSchedule
 from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.engine.stopping import StopCheck
 from assisted_backends.engine.tokens import TokenBuffer
@@ -68,7 +66,7 @@ def run(
     if sink is not None:
         sink.end()
     sequences = _sequences(options.input_ids, buffer.results, options.pad_id)
-    return GenerateResult(sequences, stats, **record.as_outputs())
+    return GenerateResult(sequences, stats, **(record.as_outputs() if record is not None else {}))
 
 
 def decode_plan(
@@ -79,19 +77,19 @@ def decode_plan(
     assistant_model: PreTrainedModel | None = None,
     sink: StreamSink | None = None,
     queue: QueueSettings | None = None,
-) -> tuple[TokenBuffer, GenerationStats, CommittedScores]:
+) -> tuple[TokenBuffer, GenerationStats, CommittedScores | None]:
     """Prepare the models, build the buffer, runners, drafter and selector of `plan`, and decode (a queue's
-    prompts too); the models' training flags are restored afterwards."""
+    prompts too); the models' training flags are restored afterwards. The committed tokens' scores and logits
+    are recorded only when asked for (else None)."""
     options = plan.options
     ranks = agreement.RankAgreement.current()  # multi-rank launch: same seed, γ, tokens (None: one process)
     seed = plan.seed
     if ranks is not None:
         prompts = queue.agreed_prompts if queue is not None else options.input_ids
         seed = ranks.start(seed, options.sampling.do_sample, prompts, plan.agreed_values())
-    uses_draft_model = plan.draft.kind in ("draft_model", "translated")
     with model_state.restored(model, assistant_model):  # training mode back as it was after the call
         target = backend.prepare(model, "target")
-        draft = backend.prepare(assistant_model, "draft") if uses_draft_model else None
+        draft = backend.prepare(assistant_model, "draft") if plan.draft.runs_draft_model else None
         model_state.evaluation_mode(target, draft)  # every call: the caller may have called .train() since
         device = backend.device
         pads = plan.row_pads
@@ -132,9 +130,7 @@ def decode_plan(
             row_processors = row_logits_processors(
                 model, options.config, options.input_ids, options.user_pad, config_limit, device, custom
             )
-        schedule = plan.schedule.build() if drafter is not None else None
-        if isinstance(drafter, LookupOrHead) and isinstance(schedule, AdaptiveSchedule):
-            schedule = drafter.schedule(schedule, buffer)  # lookup rounds and head rounds learn apart
+        schedule = drafter.schedule_for(plan.schedule.build(), buffer) if drafter is not None else None
         stats = GenerationStats(
             drafter=drafter.name if drafter else "none",
             schedule=type(schedule).__name__ if schedule is not None else "none",
@@ -142,7 +138,8 @@ def decode_plan(
             backend=backend.name,
         )
         outputs = options.outputs
-        record = CommittedScores(len(options.user_pad), outputs.logits, outputs.scores)
+        wants_outputs = outputs.scores or outputs.logits
+        record = CommittedScores(len(options.user_pad), outputs.logits, outputs.scores) if wants_outputs else None
         if sink is not None:
             sink.start(options.input_ids)
         with agreement.watched(ranks, buffer, stats):  # multi-rank: errors name rank and step; tokens compared
@@ -160,7 +157,7 @@ def decode_plan(
                     backend.synchronize,
                     stop=StopCheck(options.criteria.asked, plan.bucket_pad) if options.criteria.asked else None,
                     on_commit=sink.commit if sink is not None else None,
-                    record=record if (outputs.scores or outputs.logits) else None,
+                    record=record,
                     refill=queue.refill if queue is not None else None,
                 ),
                 stats=stats,

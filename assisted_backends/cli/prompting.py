@@ -93,7 +93,7 @@ def encode_each(tokenizer, texts: list[str], args: argparse.Namespace) -> tuple[
 def generate_queue(session, prompts: list[torch.Tensor], slots: int):
     """The prompts through `slots` batch rows with the session's flags (as `Session.generate` passes them to
     `generate`), each slot refilled as its row ends: an `api.queue.QueueResult`."""
-    from assisted_backends.api.queue import generate_queue as run_queue
+    from assisted_backends.api.generation import generate_queue as run_queue
 
     args = session.args
     drafting = session.drafting_arguments() if session.assisted else {}

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from assisted_backends.drafters.base import Drafter, Proposal, fill_proposal
+from assisted_backends.drafters.base import fill_proposal
+from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector, sample

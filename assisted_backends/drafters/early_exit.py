@@ -23,8 +23,8 @@ import torch
 from transformers import PreTrainedModel
 
 from assisted_backends import hf_compat
-from assisted_backends.drafters.base import Proposal
 from assisted_backends.drafters.draft_model import ModelDrafter
+from assisted_backends.engine.drafter import Proposal
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.tokens import TokenBuffer

@@ -20,12 +20,13 @@ from transformers import PreTrainedModel
 from assisted_backends.drafters.any_pair.drafter import TranslatingDrafter
 from assisted_backends.drafters.any_pair.rowwise import RowwiseDrafter
 from assisted_backends.drafters.any_pair.token_bytes import codec_for
-from assisted_backends.drafters.base import Drafter
 from assisted_backends.drafters.draft_model import DraftLimits, ModelDrafter
 from assisted_backends.drafters.eagle import build as eagle
 from assisted_backends.drafters.eagle.combined import LookupOrHead
+from assisted_backends.drafters.eagle.head import Eagle3Head
 from assisted_backends.drafters.early_exit import EarlyExitDrafter, early_exit_view
 from assisted_backends.drafters.prompt_lookup import PromptLookupDrafter
+from assisted_backends.engine.drafter import Drafter
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options.errors import OptionError
@@ -64,6 +65,12 @@ class DraftSpec:
     def speculates(self) -> bool:
         return self.kind != "none"
 
+    @property
+    def runs_draft_model(self) -> bool:
+        """Whether `assistant_model` is a model the backend prepares and a runner steps (an EAGLE head rides on
+        the target's runner instead)."""
+        return self.kind in ("draft_model", "translated")
+
 
 def _translation_needed(target: ModelFacts, draft: ModelFacts, tokenizer: Any, assistant_tokenizer: Any) -> bool:
     """Whether the draft's tokens must be translated: vocabularies (or heads) differ."""
@@ -81,12 +88,11 @@ def plan_drafting(
     assistant_tokenizer: Any,
     lookup_tokens: int | None,
     exit_layers: int | None,
-    target_hidden: int | None = None,
 ) -> DraftSpec:
     """The `DraftSpec` for what the caller asked (one way of drafting at most: `options.ranges`, or an EAGLE head
-    and prompt lookup); `target_hidden`: the target's hidden size (an EAGLE head's features must have it)."""
-    if eagle.is_eagle_head(assistant_model):
-        eagle.check_head(assistant_model, target, target_hidden)
+    and prompt lookup)."""
+    if isinstance(assistant_model, Eagle3Head):
+        eagle.check_head(assistant_model, target)
         costs = eagle.draft_costs(assistant_model, target)
         return DraftSpec("eagle", assistant_model, combined_lookup=lookup_tokens, **costs)
     if lookup_tokens is not None:

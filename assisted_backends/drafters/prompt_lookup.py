@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from assisted_backends.drafters.base import Drafter, Proposal, fill_proposal
+from assisted_backends.drafters.base import fill_proposal
+from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.tokens import TokenBuffer
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from assisted_backends.drafters.base import Drafter, Proposal
 from assisted_backends.engine.acceptance import greedy_accept, speculative_accept
+from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.head_on_demand import HeadSplit, greedy_accept_on_demand
 from assisted_backends.engine.joins import Refill, ends_at_once, free_slots, make_room, prefill_row
 from assisted_backends.engine.outputs import CommittedScores

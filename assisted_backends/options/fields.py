@@ -6,6 +6,8 @@ transformers, so a field added by a new release is classified before it can be i
 
 from __future__ import annotations
 
+from typing import Literal
+
 # Fields that change the tokens and are honoured (transformers' own processors, or the loop's lengths/EOS).
 HONOURED = frozenset(
     {
@@ -18,26 +20,28 @@ HONOURED = frozenset(
     }
 )  # fmt: skip
 
-# Fields that change tokens and cannot be honoured: (field, is it active?, what to do instead).
-REFUSED: tuple[tuple[str, object, str], ...] = (
-    ("num_beams", lambda v: v is not None and v > 1, "beam search is not supported: use num_beams=1"),
-    ("num_beam_groups", lambda v: v is not None and v > 1, "group beam search is not supported: use 1"),
-    ("diversity_penalty", lambda v: bool(v), "group beam search is not supported: leave it unset"),
-    ("length_penalty", lambda v: False, ""),  # beam search only: no effect with one beam
-    ("penalty_alpha", lambda v: bool(v), "contrastive search is not supported: leave it unset"),
-    ("dola_layers", lambda v: v is not None, "DoLa decoding is not supported: leave it unset"),
-    ("guidance_scale", lambda v: v is not None and v != 1, "classifier-free guidance is not supported"),
-    ("watermarking_config", lambda v: v is not None, "watermarking is not supported: leave it unset"),
-    ("num_return_sequences", lambda v: v is not None and v > 1, "call generate once per sequence"),
-    ("max_time", lambda v: v is not None, "a wall-clock limit makes the tokens timing-dependent: use max_new_tokens"),
-    ("token_healing", lambda v: bool(v), "token healing is not supported: leave it unset"),
-    ("constraints", lambda v: v is not None, "constrained beam search is not supported"),
-    ("force_words_ids", lambda v: v is not None, "constrained beam search is not supported"),
-    ("use_mtp", lambda v: bool(v), "multi-token prediction is not supported: pass a drafter instead"),
-    ("assistant_ensemble_weight", lambda v: v is not None, "ensemble verification is lossy: leave it unset"),
-    ("speculation_type", lambda v: v is not None, "transformers' own speculation types are not used here"),
-    ("forced_decoder_ids", lambda v: bool(v), "use forced_bos_token_id, or put the tokens in the prompt"),
-    ("generation_kwargs", lambda v: bool(v), "pass these as arguments to generate instead"),
+# Fields that change tokens and cannot be honoured: (field, when it is active, what to do instead). When: "set"
+# (not None), "truthy", "above_one" (not None and > 1), "not_one" (not None and != 1), "never" (no effect here).
+Active = Literal["set", "truthy", "above_one", "not_one", "never"]
+REFUSED: tuple[tuple[str, Active, str], ...] = (
+    ("num_beams", "above_one", "beam search is not supported: use num_beams=1"),
+    ("num_beam_groups", "above_one", "group beam search is not supported: use 1"),
+    ("diversity_penalty", "truthy", "group beam search is not supported: leave it unset"),
+    ("length_penalty", "never", ""),  # beam search only: no effect with one beam
+    ("penalty_alpha", "truthy", "contrastive search is not supported: leave it unset"),
+    ("dola_layers", "set", "DoLa decoding is not supported: leave it unset"),
+    ("guidance_scale", "not_one", "classifier-free guidance is not supported"),
+    ("watermarking_config", "set", "watermarking is not supported: leave it unset"),
+    ("num_return_sequences", "above_one", "call generate once per sequence"),
+    ("max_time", "set", "a wall-clock limit makes the tokens timing-dependent: use max_new_tokens"),
+    ("token_healing", "truthy", "token healing is not supported: leave it unset"),
+    ("constraints", "set", "constrained beam search is not supported"),
+    ("force_words_ids", "set", "constrained beam search is not supported"),
+    ("use_mtp", "truthy", "multi-token prediction is not supported: pass a drafter instead"),
+    ("assistant_ensemble_weight", "set", "ensemble verification is lossy: leave it unset"),
+    ("speculation_type", "set", "transformers' own speculation types are not used here"),
+    ("forced_decoder_ids", "truthy", "use forced_bos_token_id, or put the tokens in the prompt"),
+    ("generation_kwargs", "truthy", "pass these as arguments to generate instead"),
 )
 
 # Fields that never change the tokens (cache, compile, output format, transformers' own drafting).

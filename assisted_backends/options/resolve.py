@@ -145,11 +145,24 @@ def user_set(name: str, explicit: dict, *configs: GenerationConfig | None) -> An
     return None
 
 
+def _active(when: fields.Active, value: Any) -> bool:
+    """Whether a refused field's `value` asks for what it refuses (`fields.REFUSED`)."""
+    if when == "set":
+        return value is not None
+    if when == "truthy":
+        return bool(value)
+    if when == "above_one":
+        return value is not None and value > 1
+    if when == "not_one":
+        return value is not None and value != 1
+    return False
+
+
 def refuse_unsupported(config: GenerationConfig | SimpleNamespace | None) -> None:
     """A ValueError naming the first field that changes tokens in a way this package cannot reproduce."""
-    for name, active, advice in fields.REFUSED:
+    for name, when, advice in fields.REFUSED:
         value = getattr(config, name, None)
-        if active(value):
+        if _active(when, value):
             raise ValueError(f"generation_config.{name}={value!r} is not supported: {advice}")
 
 

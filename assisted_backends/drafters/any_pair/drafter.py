@@ -26,7 +26,7 @@ from assisted_backends.drafters.any_pair.translation import (
     translate_proposal,
 )
 from assisted_backends.drafters.any_pair.vocab_mapping import VocabIntersection, intersection_of
-from assisted_backends.drafters.base import Drafter, Proposal
+from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector, sample
 from assisted_backends.engine.tokens import TokenBuffer

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import torch
 
 from assisted_backends.drafters.any_pair.drafter import TranslatingDrafter
-from assisted_backends.drafters.base import Drafter, Proposal, fill_proposal
+from assisted_backends.drafters.base import fill_proposal
+from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.tokens import TokenBuffer

@@ -29,7 +29,7 @@ def is_eagle_head(model: object) -> bool:
     return isinstance(model, Eagle3Head)
 
 
-def check_head(head: Eagle3Head, target: ModelFacts, target_hidden: int | None) -> None:
+def check_head(head: Eagle3Head, target: ModelFacts) -> None:
     """OptionError naming `assistant_model` when `head` was trained for another target (vocabulary, width)."""
     config = head.config
     problems = []
@@ -38,9 +38,9 @@ def check_head(head: Eagle3Head, target: ModelFacts, target_hidden: int | None) 
     elif int(head.mapped_ids().max()) >= target.vocab_size:
         problems.append("d2t maps draft tokens outside the target's vocabulary")
     width = config.target_hidden_size or config.hidden_size
-    if target_hidden is not None and width != target_hidden:
+    if target.hidden_size is not None and width != target.hidden_size:
         problems.append(f"features of width {width} (fc is [{config.hidden_size}, {config.fused_width}]; the target's "
-                        f"hidden size is {target_hidden})")  # fmt: skip
+                        f"hidden size is {target.hidden_size})")  # fmt: skip
     if problems:
         raise OptionError(
             "{name} is an EAGLE-3 head trained for another target: "
@@ -54,11 +54,6 @@ def draft_costs(head: Eagle3Head, target: ModelFacts) -> dict[str, float]:
     """The schedule's priors: c ≈ the head's step parameters over the target's; its prompt pass likewise."""
     step = head.body_parameters()
     return dict(cost_ratio=step / target.parameters, prompt_pass_ratio=step / target.body_parameters)
-
-
-def target_hidden_size(model: torch.nn.Module) -> int | None:
-    value = getattr(hf_compat.text_config(model), "hidden_size", None)
-    return int(value) if isinstance(value, int) else None
 
 
 def target_embedding(target: torch.nn.Module) -> tuple[torch.Tensor | Callable[[torch.Tensor], torch.Tensor], int, int]:
@@ -119,10 +114,7 @@ def build_eagle_drafter(
     head: Eagle3Head, target_runner: ModelRunner, static_shapes: bool, vocab_size: int
 ) -> EagleDrafter:
     """The drafter, with the target runner handing its features over from now on."""
-    from assisted_backends.backends.cuda.graphs import GraphedCausalLM
-
-    if isinstance(target_runner.model, GraphedCausalLM):
-        target_runner.run_eagerly()  # the features come from forward hooks, which a graph replay does not run
+    target_runner.run_eagerly()  # the features come from forward hooks, which a graph replay (if any) does not run
     target = target_runner.model
     tap = LayerTap(target, head.config.layers_for(hf_compat.text_config(target).num_hidden_layers))
     store = FeatureStore(tap, capacity=getattr(target_runner.layout, "capacity", 0))

@@ -4,7 +4,7 @@ Prompt lookup costs nothing to draft and is long and right where the output copi
 summary quoting its passage); the head drafts everywhere else. Each round asks the lookup first: when every
 row has a match of at least two tokens it proposes (up to `lookup_tokens`, exactly γ under static shapes),
 otherwise the head does (within the buffer's scratch space; tokens past the call's limit are never committed).
-Under the adaptive schedule each source has its own (`schedule`): a head that is rarely right stays plain where
+Under the adaptive schedule each source has its own (`schedule_for`): a head that is rarely right stays plain where
 lookup has no match, whatever lookup's acceptance.
 The head keeps receiving the target's features on every round, so after lookup rounds its next proposal catches
 up on the columns it skipped, as after plain rounds. Sampling: a lookup proposal's q
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from assisted_backends.drafters.base import Drafter, Proposal
 from assisted_backends.drafters.eagle.drafter import EagleDrafter
 from assisted_backends.drafters.prompt_lookup import PromptLookupDrafter, lookup
+from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.sampling import TokenSelector
-from assisted_backends.engine.schedule import AdaptiveSchedule, SourceSchedule
+from assisted_backends.engine.schedule import AdaptiveSchedule, DraftSchedule, SourceSchedule
 from assisted_backends.engine.tokens import TokenBuffer
 
 
@@ -34,7 +34,7 @@ class LookupOrHead(Drafter):
         self.static_shapes = static_shapes
         self.lookup_rounds = 0
         self.head_rounds = 0
-        self.own_lengths = False  # whether lookup rounds get their own γ (`schedule`)
+        self.own_lengths = False  # whether lookup rounds get their own γ (`schedule_for`)
         self._decided: str | None = None  # the source `source` chose for the round being drafted
 
     @property
@@ -50,9 +50,11 @@ class LookupOrHead(Drafter):
         self._decided = "lookup" if self._every_row_matches(buffer) else "head"
         return self._decided
 
-    def schedule(self, head: AdaptiveSchedule, buffer: TokenBuffer) -> SourceSchedule:
-        """The adaptive schedule `head` for head rounds, and a free drafter's for lookup rounds (up to the lookup
-        length), each learning from its own rounds (`engine.schedule.SourceSchedule`)."""
+    def schedule_for(self, head: DraftSchedule, buffer: TokenBuffer) -> DraftSchedule:
+        """An adaptive `head` schedule for head rounds, and a free drafter's for lookup rounds (up to the lookup
+        length), each learning from its own rounds (`engine.schedule.SourceSchedule`); any other schedule as given."""
+        if not isinstance(head, AdaptiveSchedule):
+            return head
         lookup = AdaptiveSchedule(max_gamma=self.lookup_tokens, cost_prior=0.0, horizon=head.horizon)
         self.own_lengths = True  # γ is now the lookup schedule's own choice on lookup rounds
         return SourceSchedule({"head": head, "lookup": lookup}, lambda: self.source(buffer))

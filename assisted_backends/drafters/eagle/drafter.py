@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from assisted_backends.drafters.base import Drafter, Proposal, fill_proposal
+from assisted_backends.drafters.base import fill_proposal
 from assisted_backends.drafters.eagle.cache import HeadCache
 from assisted_backends.drafters.eagle.features import FeatureStore
 from assisted_backends.drafters.eagle.head import Eagle3Head
+from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector, sample

@@ -1,0 +1,146 @@
+"""Arrows one way: the package's folders import each other without a cycle.
+
+Every `import` and `from ... import` of every module is read with `ast` (function-level imports included, since
+they are arrows too). A module belongs to the top folder of the package it sits in (`engine`, `drafters`, ...;
+`.` for the modules at the package root). Layers call down: the engine owns the `Drafter` protocol that drafters
+implement, drafters never import a backend, and so on; a cycle between folders means some arrow points up.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import assisted_backends
+
+PACKAGE = Path(assisted_backends.__file__).parent
+NAME = PACKAGE.name
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The package modules `path` imports anywhere in its body (relative imports resolved)."""
+    own = module_name(path)
+    package = own if path.name == "__init__.py" else own.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return {name for name in found if name == NAME or name.startswith(f"{NAME}.")}
+
+
+def folder(module: str) -> str | None:
+    """The top folder of the package `module` belongs to ("." for a root module), None for the package itself."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return None
+    if (PACKAGE / parts[0]).is_dir():
+        return parts[0]
+    return "."
+
+
+CALL_LAYERS = (".", "api", "options", "engine", "drafters")  # the layers a call is planned and run through
+
+
+def module_graph(folders: tuple[str, ...]) -> dict[str, dict[str, list[str]]]:
+    """module -> imported module, for the modules of `folders` (each arrow listed once)."""
+    graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = module_name(path)
+        if folder(source) not in folders:
+            continue
+        for target in imported_modules(path):
+            if target != source and folder(target) in folders and _is_module(target):
+                graph[source][target].append(f"{source} -> {target}")
+    return graph
+
+
+def _is_module(name: str) -> bool:
+    """Whether `name` is a module or package of this package (not a name imported from one)."""
+    relative = Path(*name.split(".")[1:])
+    return (PACKAGE / relative).with_suffix(".py").exists() or (PACKAGE / relative / "__init__.py").exists()
+
+
+def folder_graph() -> dict[str, dict[str, list[str]]]:
+    """folder -> imported folder -> the imports that make the arrow ("module -> module")."""
+    graph: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = module_name(path)
+        for target in imported_modules(path):
+            here, there = folder(source), folder(target)
+            if here and there and here != there:
+                graph[here][there].append(f"{source} -> {target}")
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """The strongly connected components of more than one folder (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, {}):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_import_reader_sees_function_level_and_relative_imports(tmp_path):
+    assert "assisted_backends.engine.drafter" in imported_modules(PACKAGE / "engine" / "loop.py")
+    assert folder("assisted_backends.hf_compat") == "." and folder("assisted_backends.engine.loop") == "engine"
+    graph = {"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_cycle_between_package_folders():
+    graph = folder_graph()
+    found = cycles(graph)
+    arrows = {
+        f"{a} -> {b}": graph[a][b][:3] for component in found for a in component for b in component if b in graph[a]
+    }
+    assert not found, f"folders importing each other: {found}; arrows: {arrows}"
+
+
+def test_the_engine_imports_no_drafter_and_no_drafter_imports_a_backend():
+    graph = folder_graph()
+    assert "drafters" not in graph["engine"], graph["engine"]["drafters"]
+    assert "backends" not in graph["drafters"], graph["drafters"]["backends"]
+
+
+def test_no_two_modules_of_a_call_import_each_other():
+    """Within the layers a call runs through, no module cycle either (`api.generation` calls `api.queue`, which
+    reaches its caller only through the `Planner` protocol)."""
+    found = cycles(module_graph(CALL_LAYERS))
+    assert not found, f"modules importing each other: {found}"

@@ -1,0 +1,85 @@
+"""How many of the package's modules one call runs: a greedy call with a draft model, traced.
+
+Every `assisted_backends/` file with a Python frame during `generate(target, ids, assistant_model=draft,
+max_new_tokens=8)` on a tiny Llama pair, on the CPU, is counted (`sys.setprofile`). The traced call is
+the second one: the first imports modules, and the count is about the code a call runs, not the imports.
+Each detour this test names once ran on that call: the CUDA and HPU backends on a CPU run, the EAGLE
+builder for a plain draft model, the quantized layers for a model that is not quantized.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import tiny_model
+
+import assisted_backends
+from assisted_backends import generate
+
+PACKAGE = Path(assisted_backends.__file__).parent
+MODULE_BOUND = 35  # 38 before the detours below were removed
+DETOURS = ("backends/cuda/backend.py", "backends/hpu/backend.py", "drafters/eagle/build.py")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def executed_modules(call) -> set[str]:
+    """The package files (relative to the package) with a Python frame while `call()` runs."""
+    seen: set[str] = set()
+    root = str(PACKAGE)
+
+    def profile(frame, event, arg) -> None:
+        name = frame.f_code.co_filename
+        if name.startswith(root):
+            seen.add(Path(name).relative_to(PACKAGE).as_posix())
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def greedy_call_modules() -> set[str]:
+    target, draft = tiny_model("llama", 0), tiny_model("llama", 1)
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+
+    def call() -> None:
+        generate(target, ids, assistant_model=draft, max_new_tokens=8)
+
+    call()  # imports
+    return executed_modules(call)
+
+
+def test_a_greedy_call_with_a_draft_model_runs_few_modules(greedy_call_modules):
+    modules = sorted(greedy_call_modules)
+    assert len(modules) <= MODULE_BOUND, f"{len(modules)} modules: {modules}"
+
+
+@pytest.mark.parametrize("detour", DETOURS)
+def test_a_greedy_call_takes_no_detour(greedy_call_modules, detour):
+    assert detour not in greedy_call_modules
+
+
+def test_a_cpu_call_imports_no_cuda_or_hpu_backend_module():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the CUDA backend is rightly probed")
+    code = (
+        "import sys, torch; sys.path.insert(0, 'tests'); from tiny_models import tiny_model; "
+        "from assisted_backends import generate; "
+        "generate(tiny_model('llama', 0), torch.zeros(1, 4, dtype=torch.long), "
+        "assistant_model=tiny_model('llama', 1), max_new_tokens=2); "
+        "print(sorted(m for m in sys.modules if m.startswith(('assisted_backends.backends.cuda', "
+        "'assisted_backends.backends.hpu'))))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, timeout=300
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"

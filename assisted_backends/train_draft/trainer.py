@@ -424,6 +424,9 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
     first_step, began = step, time.perf_counter()
     bar.begin("training", "step", settings.max_steps, step)
     while clock.left() > 0 and (settings.max_steps is None or step < settings.max_steps):
+        done = step - first_step
+        if done and clock.left() < (time.perf_counter() - began) / done:  # a step would not finish in time
+            break
         batch = batches.collate(next(sampler), lookup, device, dtype)
         fraction = (clock.spent.get("train", 0.0)) / train_budget
         for group in optimizer.param_groups:

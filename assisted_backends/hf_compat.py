@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable
 from functools import cache
 
 import torch
@@ -276,40 +277,36 @@ def set_static_cache_length(cache: StaticCache, length: int) -> None:
             layer.cumulative_length = length
 
 
-def move_cache_rows(cache, move, written: int, width: int, in_place: bool) -> None:
-    """Apply a `rows.RowMove` to every key and value tensor of `cache` (sequence axis -2): the first
-    `written` positions are moved, the first `width` of the result kept. `in_place` (static caches, whose
-    addresses graphs captured): copied back into the same tensors; else each tensor is replaced.
-    """
+def is_tuple_cache(cache) -> bool:
+    """Whether `cache` is a `LegacyCache`: tuples a forward replaces, never tensors written in place."""
+    return isinstance(cache, LegacyCache)
 
-    def moved(tensor):
+
+def map_cache_tensors(cache, change: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Replace every cache tensor holding positions on axis -2 (keys and values, or GPTBigCode's fused tensor of a
+    tuple cache) by `change(tensor)`, whichever way this transformers version stores them."""
+
+    def changed(tensor):
         if tensor is None or not isinstance(tensor, torch.Tensor) or tensor.dim() < 3:
             return tensor
-        with torch.inference_mode():  # the cache's tensors were made in inference mode
-            source = tensor[..., : min(written, tensor.shape[-2]), :]
-            result = move.apply(source, width=width, seq_dim=-2)
-            if in_place:
-                tensor[..., :width, :].copy_(result)
-                return tensor
-            return result
+        return change(tensor)
 
-    if isinstance(cache, LegacyCache):  # tuples grown by concatenation (transformers 4.x GPT-2): never in place
-        in_place = False
+    if isinstance(cache, LegacyCache):
         if cache.layers:
             cache.layers = tuple(
-                type(layer)(moved(part) for part in layer) if isinstance(layer, (tuple, list)) else moved(layer)
+                type(layer)(changed(part) for part in layer) if isinstance(layer, (tuple, list)) else changed(layer)
                 for layer in cache.layers
             )
         return
     layers = getattr(cache, "layers", None)
     if layers and hasattr(layers[0], "keys"):  # transformers >= 4.54: one object per layer
         for layer in layers:
-            layer.keys, layer.values = moved(layer.keys), moved(layer.values)
+            layer.keys, layer.values = changed(layer.keys), changed(layer.values)
         return
     for name in ("key_cache", "value_cache"):  # transformers 4.5x: two lists
         tensors = getattr(cache, name, None)
         if tensors is not None:
-            tensors[:] = [moved(tensor) for tensor in tensors]
+            tensors[:] = [changed(tensor) for tensor in tensors]
 
 
 def cache_tensors(cache) -> list[list[torch.Tensor]]:
@@ -328,45 +325,9 @@ def cache_tensors(cache) -> list[list[torch.Tensor]]:
     return [tensors(pair) for pair in zip(keys, values)]  # transformers 4.5x: two lists
 
 
-def write_cache_row(
-    destination,
-    source,
-    row: int,
-    source_row: int,
-    begin: int,
-    source_begin: int,
-    count: int,
-    layers: int | None = None,
-) -> None:
-    """Copy positions [source_begin, source_begin + count) of row `source_row` of `source` into positions
-    [begin, begin + count) of row `row` of `destination`, in place, for every layer (the first `layers` only
-    when given). Both caches hold those positions already (the destination's row gets a new occupant)."""
-    if count <= 0:
-        return
-    pairs = list(zip(cache_tensors(destination), cache_tensors(source)))[: layers if layers is not None else None]
-    with torch.inference_mode():  # the caches' tensors were made in inference mode
-        for into, out_of in pairs:
-            for target, given in zip(into, out_of):
-                target[row, ..., begin : begin + count, :].copy_(
-                    given[source_row, ..., source_begin : source_begin + count, :]
-                )
-
-
 def layer_keys_values(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(keys, values) [B, H, T, D] of one layer of a Cache object."""
     layers = getattr(cache, "layers", None)
     if layers and hasattr(layers[0], "keys"):  # transformers >= 4.54: one object per layer
         return layers[layer].keys, layers[layer].values
     return cache.key_cache[layer], cache.value_cache[layer]  # transformers 4.5x: two lists
-
-
-def copy_cache_positions(source, destination, layers: int, begin: int, end: int) -> bool:
-    """Append positions [begin, end) of the first `layers` layers of `source` to `destination` (which holds
-    `begin` positions). Dynamic caches only: False for any other kind, and nothing is copied."""
-    if not (isinstance(source, DynamicCache) and isinstance(destination, DynamicCache)):
-        return False
-    for layer in range(layers if end > begin else 0):
-        keys, values = layer_keys_values(source, layer)
-        with torch.inference_mode():  # the caches' tensors were made in inference mode
-            destination.update(keys[..., begin:end, :].clone(), values[..., begin:end, :].clone(), layer)
-    return True

@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from assisted_backends import hf_compat
+from assisted_backends.engine.cache_surgery import move_cache_rows, write_cache_row
 from assisted_backends.engine.realign import RowMove
 
 
@@ -50,7 +51,7 @@ class CacheLayout(ABC):
         self.pad = pad
         keep = max(0, min(length, self.length + min(move.shifts))) if self.length > 0 else 0  # empty stays empty
         if self.length > 0:
-            hf_compat.move_cache_rows(self.cache, move, self.length, keep, in_place=self._in_place)
+            move_cache_rows(self.cache, move, self.length, keep, in_place=self._in_place)
         self.length = keep
 
     def set_row_pad(self, position: int, pad: int) -> None:
@@ -71,7 +72,7 @@ class CacheLayout(ABC):
         """Queues: positions [source_begin, source_begin + count) of `source`'s row `source_row` (row 0 of a one-row
         pass over a joining prompt) become positions [begin, begin + count) of the row at batch `position`; the
         first `layers` layers only when given (an early-exit view reading the target's cache)."""
-        hf_compat.write_cache_row(self.cache, source.cache, position, source_row, begin, source_begin, count, layers)
+        write_cache_row(self.cache, source.cache, position, source_row, begin, source_begin, count, layers)
 
     @abstractmethod
     def one_row(self, model: PreTrainedModel, pad: int, width: int) -> CacheLayout:

@@ -9,6 +9,7 @@ import torch
 from transformers import PreTrainedModel
 
 from assisted_backends import hf_compat
+from assisted_backends.engine import cache_surgery
 from assisted_backends.engine.head_on_demand import OnDemandHead
 from assisted_backends.engine.kv_cache import CacheLayout
 from assisted_backends.engine.realign import RowMove
@@ -124,7 +125,7 @@ class ModelRunner:
         layout cannot (static layouts, tuple caches): the caller feeds those tokens instead."""
         if self.layout.name != "dynamic" or source.layout.name != "dynamic" or end > source.length:
             return False
-        if not hf_compat.copy_cache_positions(source.layout.cache, self.layout.cache, layers, self.length, end):
+        if not cache_surgery.copy_cache_positions(source.layout.cache, self.layout.cache, layers, self.length, end):
             return False
         self.layout.advance(max(0, end - self.length))
         return True

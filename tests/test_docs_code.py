@@ -1,4 +1,4 @@
-"""Every Python block of README.md and docs/*.md runs as written (issue 23, item 3).
+"""Every Python block of README.md and docs/*.md runs as written.
 
 The blocks of one file run in order in one namespace (a page reads as one story), in a temporary working
 directory that holds `model.gguf` (a tiny Llama written with the `gguf` package), with the package's cache

@@ -144,3 +144,24 @@ def test_no_two_modules_of_a_call_import_each_other():
     reaches its caller only through the `Planner` protocol)."""
     found = cycles(module_graph(CALL_LAYERS))
     assert not found, f"modules importing each other: {found}"
+
+
+def diagram_order() -> dict[str, int]:
+    """folder -> its line in docs/design.md's layering diagram ("." for the root modules' line)."""
+    page = (PACKAGE.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    block = page.split("## Layering", 1)[1].split("```", 2)[1]
+    order: dict[str, int] = {}
+    for index, line in enumerate(block.splitlines()):
+        names = line.split("  ", 1)[0].strip()
+        for name in filter(None, (part.strip() for part in names.split(","))):
+            order[name.rstrip("/") if name.endswith("/") else "."] = index
+    return order
+
+
+def test_the_layer_diagram_matches_the_imports():
+    """docs/design.md lists the folders top to bottom; every import points to a folder listed lower."""
+    order = diagram_order()
+    graph = folder_graph()
+    assert set(graph) | {b for a in graph for b in graph[a]} <= set(order), sorted(set(graph) - set(order))
+    upward = {f"{a} -> {b}": arrows[:2] for a in graph for b, arrows in graph[a].items() if order[b] <= order[a]}
+    assert not upward, f"imports pointing up the diagram: {upward}"

@@ -1,4 +1,4 @@
-"""The limit every benchmark is held against (Leviathan et al. 2023), in the notation of DESIGN.md.
+"""The limit every benchmark is held against (Leviathan et al. 2023), in the notation of docs/design.md.
 
 E(α, γ) = (1 − α^(γ+1)) / (1 − α) tokens per round and S(α, γ, c) = E / (γc + 1) come from the package
 (`assisted_backends.engine.schedule`); S_E uses the tokens per round actually measured instead of E(α, γ)

@@ -214,3 +214,36 @@ def test_random_layouts_match_the_formula_on_every_path(seed):
     reference = blocks.reference_linear(weight, x)
     for isa in extension.runnable_isas():
         assert torch.equal(weight.matmul(x, ISAS.index(isa)), reference), (isa, bits, group, sb, with_sc, with_min)
+
+
+def _attention_inputs(seed: int, heads: int = 6, kv_heads: int = 2, rows: int = 7, keys: int = 37, dim: int = 64):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, heads, rows, dim, generator=generator)
+    k, v = (torch.randn(2, kv_heads, keys, dim, generator=generator) for _ in range(2))
+    mask = torch.rand(2, 1, rows, keys, generator=generator) > 0.2  # padding and windows: any pattern
+    lengths = torch.arange(keys - rows + 1, keys + 1)
+    return q, k, v, mask, lengths
+
+
+@pytest.mark.parametrize("dim", (64, 40))
+def test_row_attention_is_attention_and_each_row_is_alone(dim):
+    q, k, v, mask, lengths = _attention_inputs(0, dim=dim)
+    op = torch.ops.assisted_backends.row_attention.default
+    out = op(q, k, v, mask, lengths, dim**-0.5, -1)
+    attended = mask & (torch.arange(k.shape[2])[None, :] < lengths[:, None])[None, None]
+    groups = q.shape[1] // k.shape[1]
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), attn_mask=attended
+    ).transpose(1, 2)
+    assert torch.allclose(out, reference, atol=1e-5, rtol=1e-5)
+    alone = torch.cat([op(q[:, :, j : j + 1], k, v, mask[:, :, j : j + 1], lengths[j : j + 1], dim**-0.5, -1)
+                       for j in range(q.shape[2])], dim=1)  # fmt: skip
+    assert kernels.same_bits(alone, out)
+    assert kernels.same_bits(op(q, k, v, mask, lengths, dim**-0.5, 0), out)  # the scalar path: the same operations
+
+
+def test_row_attention_gives_a_row_with_no_keys_zeros():
+    q, k, v, mask, lengths = _attention_inputs(1)
+    mask[0, :, 2] = False
+    out = torch.ops.assisted_backends.row_attention.default(q, k, v, mask, lengths, 0.125, -1)
+    assert torch.equal(out[0, 2], torch.zeros_like(out[0, 2])) and torch.isfinite(out).all()

@@ -31,6 +31,7 @@ import torch
 from assisted_backends.cache_dir import cache_root
 
 SOURCE = Path(__file__).with_name("csrc") / "block_kernels.cpp"
+SOURCES = (SOURCE, SOURCE.with_name("row_attention.cpp"))
 ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the C++ enum's order
 ISA_VARIABLE = "ASSISTED_BACKENDS_KERNEL_ISA"
 SWITCH_VARIABLE = "ASSISTED_BACKENDS_KERNELS"
@@ -118,7 +119,7 @@ def _build() -> None:
     )
     cpp_extension.load(
         name="assisted_backends_block_kernels",
-        sources=[str(SOURCE)],
+        sources=[str(path) for path in SOURCES],
         extra_cflags=_BUILD_FLAGS,
         build_directory=str(directory),
         is_python_module=False,
@@ -189,6 +190,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake("assisted_backends::block_linear")
     def _(x, codes, d, dmin, sc, mn, bias, n, k, bits, group, sb, offset, isa):
         return x.new_empty((*x.shape[:-1], n))
+
+    @torch.library.register_fake("assisted_backends::row_attention")
+    def _(q, k, v, mask, lengths, scale, isa):
+        return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
 
     @torch.library.register_fake("assisted_backends::block_quantize_activations")
     def _(x):

@@ -10,6 +10,10 @@ row j is computed alone through the model's own SDPA attention, over the keys a 
 position sees (the first L_j columns, L_j = its last attended column + 1), with the mask dropped where it
 masks nothing, as it is in a decode step: bit for bit the step's result, for decode steps too.
 
+Where the package's kernels run (`quantized.extension`), all rows go to one call of its row-attention kernel,
+which computes each row alone in one fixed order (no Python loop over rows: prefill of a long prompt stays one
+call a layer); elsewhere each row goes through SDPA as described above.
+
 Used for quantized targets on the CPU (`CPUBackend.prepare`); models whose attention SDPA cannot compute
 (logit soft-capping, attention sinks) keep their own attention (`supported`).
 """
@@ -42,6 +46,8 @@ def batch_invariant_attention(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     kwargs.pop("is_causal", None)
+    if _row_kernel_serves(query, attention_mask, kwargs):
+        return _row_kernel(query, key, value, attention_mask, kwargs.get("scaling")), None
     rows = []
     for j, length in enumerate(_lengths(attention_mask, query.shape[2], key.shape[2])):
         mask = None if attention_mask is None else attention_mask[:, :, j : j + 1, :length]
@@ -52,6 +58,31 @@ def batch_invariant_attention(
         )
         rows.append(out)  # [B, 1, H, D]
     return torch.cat(rows, dim=1), None
+
+
+def _row_kernel_serves(query: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict) -> bool:
+    """Whether the package's row-attention kernel computes this call (fp32, a boolean mask or none, no sinks)."""
+    from assisted_backends.quantized import extension
+
+    plain = attention_mask is None or attention_mask.dtype == torch.bool
+    return plain and query.dtype == torch.float32 and kwargs.get("s_aux") is None and extension.available()
+
+
+def _row_kernel(query, key, value, attention_mask, scaling: float | None) -> torch.Tensor:
+    """All rows in one call of `row_attention` (quantized/csrc/row_attention.cpp): each row over its own keys
+    t < L_j in one fixed order of fp32 operations, so the same bits whatever the number of rows."""
+    from assisted_backends.quantized import extension
+
+    q_len, key_len = query.shape[2], key.shape[2]
+    if attention_mask is None:
+        lengths = torch.arange(key_len - q_len + 1, key_len + 1)
+    else:
+        attended = attention_mask.any(dim=0).any(dim=0)  # [q, T]
+        lengths = (attended * torch.arange(1, key_len + 1)).amax(dim=-1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return torch.ops.assisted_backends.row_attention.default(
+        query, key, value, attention_mask, lengths, scale, extension.forced_isa()
+    )
 
 
 def supported(model: torch.nn.Module) -> str | None:

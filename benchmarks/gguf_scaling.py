@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import assisted_backends
+
 from assisted_backends.cache_dir import cache_root
 from benchmarks.harness import RESULTS, command_line, interleaved, step_seconds, write_result
 from benchmarks.harness.llama_cpp import llama_cpp_available, llama_cpp_decoder
@@ -179,7 +181,7 @@ def peak_memory_mb(engine: str, path: Path, threads: int) -> float:
 
 
 def child(engine: str, path: Path, threads: int) -> None:
-    torch.set_num_threads(threads)
+    assisted_backends.set_threads(threads)  # fixed for the API too (its probe would pick its own count)
     prompt = torch.arange(10, 26)[None]
     if engine == "ours":
         model, _ = ours(path)
@@ -201,7 +203,7 @@ def measure(size: str, quant: str, args) -> list[dict]:
     prompt = torch.arange(10, 26)[None]  # 16 tokens
     rows = []
     for threads in args.threads:
-        torch.set_num_threads(threads)
+        assisted_backends.set_threads(threads)  # fixed for the API too (its probe would pick its own count)
         cases = {"ours_plain": ours_decoder(model, prompt, args.new_tokens)}
         if args.llama_cpp:
             cases["llama_cpp_plain"] = llama_cpp_decoder(path, prompt, args.new_tokens, threads, n_ctx=512)

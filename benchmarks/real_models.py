@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+import assisted_backends
+
 from assisted_backends import generate
 from assisted_backends.backends.cpu.backend import CPUBackend
 from assisted_backends.drafters.early_exit import early_exit_view
@@ -174,7 +176,7 @@ def tokens_of(output) -> list[int]:
 
 
 def measure(pair: str, dtype: str, threads: int, task: str, args) -> dict:
-    torch.set_num_threads(threads)
+    assisted_backends.set_threads(threads)  # fixed for the API too (its probe would pick its own count)
     cases, prompt, c, t_target, verify_ratio = methods(
         pair,
         DTYPES[dtype],

@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import torch
 
+import assisted_backends
+
 from assisted_backends import AssistedGenerator
 from assisted_backends.loading.models import load_tokenizer
 from assisted_backends.quantized.linear import QuantizedLinear
@@ -70,7 +72,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def measure(name: str, generator: AssistedGenerator, tokenizer, task: str, new_tokens: int, threads: int, args):
-    torch.set_num_threads(threads)
+    assisted_backends.set_threads(threads)  # fixed for the API too (its probe would pick its own count)
     prompt = prompt_ids(tokenizer, task)
     cases = methods(generator, name, prompt, new_tokens, args.llama_cpp)
     outputs = {case: run() for case, run in cases.items()}  # warm-up, and the tokens compared
@@ -102,14 +104,19 @@ def measure(name: str, generator: AssistedGenerator, tokenizer, task: str, new_t
 
 
 def _lookup_stats(generator: AssistedGenerator, prompt: torch.Tensor, new_tokens: int) -> dict:
-    stats = generator.generate(
-        prompt, max_new_tokens=new_tokens, eos_token_id=[], pad_token_id=0, prompt_lookup_num_tokens=LOOKUP_TOKENS
-    ).stats
+    """Acceptance of our lookup, and our decode-only rates (prefill excluded, as llama.cpp's tools report theirs:
+    compare with `benchmarks.peers_cpu`'s llama-completion / llama-lookup figures)."""
+    common = dict(max_new_tokens=new_tokens, eos_token_id=[], pad_token_id=0)
+    stats = generator.generate(prompt, **common, prompt_lookup_num_tokens=LOOKUP_TOKENS).stats
+    plain = generator.generate(prompt, **common).stats
     return {
         "alpha": round(stats.acceptance_rate or 0.0, 3),
         "tokens_per_round_E": round(stats.mean_accepted_length or 1.0, 3),
         "speculative_rounds": stats.speculative_rounds,
         "plain_rounds": stats.plain_rounds,
+        "decode_tok_s": {"ours_plain": round(plain.new_tokens / plain.decode_s, 1),
+                         "ours_lookup": round(stats.new_tokens / stats.decode_s, 1)},  # fmt: skip
+        "prefill_tok_s": round(prompt.shape[1] / plain.prefill_s, 1),
     }
 
 

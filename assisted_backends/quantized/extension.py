@@ -35,7 +35,7 @@ SOURCES = (SOURCE, SOURCE.with_name("row_attention.cpp"))
 ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the C++ enum's order
 ISA_VARIABLE = "ASSISTED_BACKENDS_KERNEL_ISA"
 SWITCH_VARIABLE = "ASSISTED_BACKENDS_KERNELS"
-_BUILD_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math"]
+_BUILD_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fopenmp"]  # OpenMP: at::parallel_for runs serially without it
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,7 @@ def _build() -> None:
         name="assisted_backends_block_kernels",
         sources=[str(path) for path in SOURCES],
         extra_cflags=_BUILD_FLAGS,
+        extra_ldflags=["-fopenmp"],
         build_directory=str(directory),
         is_python_module=False,
         verbose=False,

@@ -308,13 +308,18 @@ def test_gemma3_sampling_with_smollm2_draft(gemma3, smollm2):
 
 
 def test_generate_takes_a_gguf_path(smollm2):
-    """`generate(model=<file>.gguf)` loads the cached conversion: same tokens as the loaded model."""
-    model, tokenizer = smollm2
+    """`generate(model=<file>.gguf)` loads the file in its own quantization (cached): with prompt lookup, the same
+    tokens as that quantized model's plain decoding, and the same model `load_gguf_quantized` gives."""
+    from assisted_backends.quantized.model import load_gguf_quantized
+
+    _, tokenizer = smollm2
     ids = _chat_ids(tokenizer, "Name a colour.")
-    result = assisted_backends.generate(
-        str(real_model_gguf(SMOLLM2)), ids, prompt_lookup_num_tokens=4, max_new_tokens=12, do_sample=False
-    )
-    _assert_identical(tokenizer, ids.shape[1], _plain(model, ids, 12), result)
+    path = str(real_model_gguf(SMOLLM2))
+    plain = assisted_backends.generate(path, ids, max_new_tokens=12, do_sample=False)
+    result = assisted_backends.generate(path, ids, prompt_lookup_num_tokens=4, max_new_tokens=12, do_sample=False)
+    _assert_identical(tokenizer, ids.shape[1], plain.sequences, result)
+    loaded = load_gguf_quantized(path, tokenizer=False).model
+    _assert_identical(tokenizer, ids.shape[1], plain.sequences, assisted_backends.generate(loaded, ids, max_new_tokens=12))
 
 
 def test_cli_runs_a_gguf_file_with_prompt_lookup(smollm2):

@@ -15,7 +15,6 @@ Weights are random bytes with sane fp16 scales: speed does not depend on the val
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import numpy as np
 import torch
@@ -42,7 +41,8 @@ def random_weight(kind: str, n: int, k: int, rng: np.random.Generator) -> blocks
     block, size, halves = _BLOCK[kind]
     raw = rng.integers(0, 256, (n * k // block, size), dtype=np.uint8)
     for start in halves:
-        raw[:, start : start + 2] = (rng.random(len(raw)) * 1e-3 + 1e-4).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        scales = (rng.random(len(raw)) * 1e-3 + 1e-4).astype(np.float16)
+        raw[:, start : start + 2] = scales.view(np.uint8).reshape(-1, 2)
     return blocks.from_gguf(kind, raw, (n, k))
 
 
@@ -62,7 +62,9 @@ def cases_for(size: str, kind: str, with_aten: bool) -> tuple[dict, dict[str, in
     inputs = {k: torch.randn(max(ROWS), k) for _, k in shapes}
     cases = {}
     for rows in ROWS:
-        cases[f"blocks_{rows}"] = lambda rows=rows: [w.matmul(inputs[w.in_features][:rows]) for layer in weights for w in layer]
+        cases[f"blocks_{rows}"] = lambda rows=rows: [
+            w.matmul(inputs[w.in_features][:rows]) for layer in weights for w in layer
+        ]
     sizes = {"blocks": sum(w.nbytes for layer in weights for w in layer)}
     if with_aten:
         packed = [aten_weight(n, k, rng) for n, k in shapes]

@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 import assisted_backends
-
 from assisted_backends.cache_dir import cache_root
 from benchmarks.harness import RESULTS, command_line, interleaved, step_seconds, write_result
 from benchmarks.harness.llama_cpp import llama_cpp_available, llama_cpp_decoder

@@ -35,7 +35,6 @@ from pathlib import Path
 import torch
 
 import assisted_backends
-
 from assisted_backends import generate
 from assisted_backends.backends.cpu.backend import CPUBackend
 from assisted_backends.drafters.early_exit import early_exit_view

@@ -26,7 +26,6 @@ from collections.abc import Callable
 import torch
 
 import assisted_backends
-
 from assisted_backends import AssistedGenerator
 from assisted_backends.loading.models import load_tokenizer
 from assisted_backends.quantized.linear import QuantizedLinear

@@ -191,7 +191,8 @@ def test_fused_projections_give_the_unfused_logits_bit_for_bit(arch):
     assert fuse_projections(fused) == fused.config.num_hidden_layers * 2
     separate = quantize_model(build(arch, seed=0), "int4")
     attention = fused.model.layers[0].self_attn
-    assert isinstance(attention.q_proj, ProjectionSlice) and isinstance(fused.model.layers[0].mlp.up_proj, ProjectionSlice)
+    assert isinstance(attention.q_proj, ProjectionSlice)
+    assert isinstance(fused.model.layers[0].mlp.up_proj, ProjectionSlice)
     ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(fused(ids).logits, separate(ids).logits)
@@ -206,7 +207,8 @@ def test_random_layouts_match_the_formula_on_every_path(seed):
     bits = pick([4, 8])
     group = 32 if bits == 4 else pick([16, 32])
     sb = pick([1, 256 // group])
-    n, k = int(torch.randint(1, 70, (1,), generator=generator)), group * sb * int(torch.randint(1, 5, (1,), generator=generator))
+    n = int(torch.randint(1, 70, (1,), generator=generator))
+    k = group * sb * int(torch.randint(1, 5, (1,), generator=generator))
     k = k if k % 32 == 0 else 2 * k
     groups = k // group
     codes = torch.randint(0, 16 if bits == 4 else 256, (n, k), generator=generator).to(torch.uint8)

@@ -229,7 +229,8 @@ def from_parts(codes: torch.Tensor, d, dmin, sc, mn, bits: int, group: int, sb: 
         tiled = (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4)
     packed = tiled.reshape(rows // TILE, groups, -1).contiguous()
     optional = lambda field: None if field is None else _tiled(field, rows)  # noqa: E731
-    return BlockWeight(packed, _tiled(d, rows), optional(dmin), optional(sc), optional(mn), n, k, bits, group, sb, offset)
+    fields = (_tiled(d, rows), optional(dmin), optional(sc), optional(mn))
+    return BlockWeight(packed, *fields, n, k, bits, group, sb, offset)
 
 
 def from_gguf(kind: str, data: np.ndarray | torch.Tensor, shape: tuple[int, int],

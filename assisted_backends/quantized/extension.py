@@ -35,7 +35,8 @@ SOURCES = (SOURCE, SOURCE.with_name("row_attention.cpp"))
 ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the C++ enum's order
 ISA_VARIABLE = "ASSISTED_BACKENDS_KERNEL_ISA"
 SWITCH_VARIABLE = "ASSISTED_BACKENDS_KERNELS"
-_BUILD_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fopenmp"]  # OpenMP: at::parallel_for runs serially without it
+# -fopenmp: at::parallel_for runs serially without it; -ffp-contract=off: no FMA may change an fp32 sum's rounding
+_BUILD_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fopenmp"]
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ class QuantizedLinear(nn.Module):
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)
-        if name in self._buffers and "_block_arguments" in self.__dict__:  # a replaced buffer rebinds the op's arguments
+        if name in self._buffers and "_block_arguments" in self.__dict__:  # a replaced buffer: rebind the arguments
             self._bind_block_arguments()
 
     @property
@@ -278,7 +278,9 @@ def quantize_model(
                 if why:
                     report[full] = f"kept: {why}"
                     continue
-                shared = shared or QuantizedLinear.from_float(child.weight, None, scheme, group_size, dtype, activations)
+                shared = shared or QuantizedLinear.from_float(
+                    child.weight, None, scheme, group_size, dtype, activations
+                )
                 scale = getattr(child, "embed_scale", None)
                 setattr(parent, name, QuantizedEmbedding(shared, child.padding_idx, scale))
                 report[full] = f"{scheme} embedding" + (" (shared with the LM head)" if tied else "")

@@ -255,3 +255,15 @@ def test_row_attention_gives_a_row_with_no_keys_zeros():
     mask[0, :, 2] = False
     out = torch.ops.assisted_backends.row_attention.default(q, k, v, mask, lengths, 0.125, -1)
     assert torch.equal(out[0, 2], torch.zeros_like(out[0, 2])) and torch.isfinite(out).all()
+
+
+def test_a_dtype_cast_of_the_model_keeps_the_block_scales():
+    # `.to(dtype)` / `.float()` on a model casts every float buffer: the fp16 block scales must come back unchanged
+    from assisted_backends.quantized.linear import QuantizedLinear
+
+    layer = QuantizedLinear(blocks.from_float(torch.randn(48, 96, generator=torch.Generator().manual_seed(0)), 4))
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(1))
+    before = layer(x)
+    layer.to(torch.bfloat16).float()
+    assert layer.block_d.dtype == torch.float16 and layer.block_dmin.dtype == torch.float16
+    assert torch.equal(layer(x), before)  # and the op's bound arguments follow the replaced buffers

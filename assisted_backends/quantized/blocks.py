@@ -35,6 +35,7 @@ import torch
 
 from assisted_backends.quantized import extension
 from assisted_backends.quantized.gguf import _high_bits, _k_scale_min, _nibbles, require_gguf
+from assisted_backends.quantized.packing import round_up_to
 
 LAYOUT_VERSION = 1  # bump when the stored layout changes (it names cached weights)
 TILE = 16
@@ -254,15 +255,6 @@ def from_gguf(kind: str, data: np.ndarray | torch.Tensor, shape: tuple[int, int]
 _HALF_MAX = 65504.0
 
 
-def _half_up(values: torch.Tensor) -> torch.Tensor:
-    """Positive fp32 -> the nearest fp16 not below (no code then leaves its range); tiny values stay tiny."""
-    rounded = values.to(torch.float16)
-    low = rounded.float() < values
-    bits = rounded.view(torch.int16)
-    bits[low] += 1
-    return rounded
-
-
 def from_float(weight: torch.Tensor, bits: int) -> BlockWeight | None:
     """W [N, K] quantized in groups of 32: bits 8 as Q8_0 (v = round(w / d), d = max|w| / 127), bits 4 as Q4_1
     (q = round((w − m) / d), d = (max − min) / 15, m = min); d and m fp16. None when K % 32 != 0 or a scale
@@ -277,14 +269,14 @@ def from_float(weight: torch.Tensor, bits: int) -> BlockWeight | None:
         scale = groups.abs().amax(dim=-1) / 127.0
         if scale.max() > _HALF_MAX:
             return None
-        d = _half_up(scale.clamp(min=tiny))
+        d = round_up_to(scale.clamp(min=tiny), torch.float16)
         values = torch.round(groups / d.float()[..., None]).clamp(-127, 127).to(torch.int16).view(n, k)
         return from_parts((values + 128).to(torch.uint8), d, None, None, None, 8, BLOCK, 1, 0)
     low, high = groups.amin(dim=-1), groups.amax(dim=-1)
     scale = (high - low) / 15.0
     if scale.max() > _HALF_MAX or low.abs().max() > _HALF_MAX:
         return None
-    d = _half_up(scale.clamp(min=tiny))
+    d = round_up_to(scale.clamp(min=tiny), torch.float16)
     m = low.to(torch.float16)
     codes = torch.round((groups - m.float()[..., None]) / d.float()[..., None]).clamp(0, 15).to(torch.uint8)
     return from_parts(codes.view(n, k), d, m, None, None, 4, BLOCK, 1, 0)

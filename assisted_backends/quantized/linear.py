@@ -74,9 +74,7 @@ class QuantizedLinear(nn.Module):
         return ("codes", "scales") if self.scheme == "int8" else ("packed", "scale_zeros")
 
     def _apply(self, fn, recurse: bool = True):
-        """`.to(dtype)` / `.float()` on a model casts every float buffer: the scales keep the kernels' dtype."""
-        super()._apply(fn, recurse)
-        _keep_kernel_dtypes(self)
+        _apply_keeping_scales(self, lambda: super(QuantizedLinear, self)._apply(fn, recurse))
         self._bind_block_arguments()
         return self
 
@@ -180,8 +178,7 @@ class QuantizedEmbedding(nn.Module):
         self.packed_layout = layout() if table.scheme == "int4" and table.block_meta is None else None
 
     def _apply(self, fn, recurse: bool = True):
-        super()._apply(fn, recurse)
-        _keep_kernel_dtypes(self)
+        _apply_keeping_scales(self, lambda: super(QuantizedEmbedding, self)._apply(fn, recurse))
         return self
 
     def unscaled_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -209,14 +206,18 @@ class QuantizedEmbedding(nn.Module):
         )
 
 
-def _keep_kernel_dtypes(module: nn.Module) -> None:
-    """After `.to(dtype)` / `.float()`: scales back in the kernels' dtypes (exact: they came from those dtypes)."""
-    compute = getattr(module, "compute_dtype", None)
-    wanted = {"scales": compute, "scale_zeros": compute, "block_d": torch.float16, "block_dmin": torch.float16}
-    for name, dtype in wanted.items():
-        buffer = getattr(module, name, None)
-        if buffer is not None and dtype is not None and buffer.dtype != dtype:
-            setattr(module, name, kernels.aligned(buffer.to(dtype)))
+_SCALE_BUFFERS = ("scales", "scale_zeros", "block_d", "block_dmin")  # float buffers whose dtype the kernels fix
+
+
+def _apply_keeping_scales(module: nn.Module, apply) -> None:
+    """Run `apply` (nn.Module._apply): a `.to(dtype)` / `.float()` on the model casts every float buffer, but the
+    kernels' scales keep their values and dtype; they follow a device move only."""
+    kept = {name: module._buffers[name] for name in _SCALE_BUFFERS if module._buffers.get(name) is not None}
+    apply()
+    for name, original in kept.items():
+        moved = module._buffers[name]
+        if moved.dtype != original.dtype:
+            setattr(module, name, kernels.aligned(original.to(moved.device)))
 
 
 def why_not_quantizable(out_features: int, in_features: int, scheme: str, group_size: int) -> str:

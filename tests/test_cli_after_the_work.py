@@ -108,7 +108,9 @@ def test_a_renamed_gguf_is_not_converted_again(gguf_file, tmp_path):
 
 
 def test_ctrl_c_prints_the_text_generated_so_far():
-    run = subprocess.Popen([sys.executable, "-m", "assisted_backends.cli", "--max-new-tokens", "400", "--threads", "1"],
+    # 3000 tokens: ~9 s at 3 ms/token, so a fast CPU is still generating when the signal arrives
+    command = [sys.executable, "-m", "assisted_backends.cli", "--max-new-tokens", "3000", "--threads", "1"]
+    run = subprocess.Popen(command,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     seen = []
@@ -124,7 +126,7 @@ def test_ctrl_c_prints_the_text_generated_so_far():
 
 
 def test_ctrl_c_in_a_batched_run_prints_the_finished_prompts():
-    run = subprocess.Popen([sys.executable, "-m", "assisted_backends.cli", "--max-new-tokens", "400", "--threads", "1",
+    run = subprocess.Popen([sys.executable, "-m", "assisted_backends.cli", "--max-new-tokens", "3000", "--threads", "1",
                             "--batch-size", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     seen = []

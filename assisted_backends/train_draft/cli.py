@@ -8,8 +8,33 @@ import sys
 from pathlib import Path
 
 from assisted_backends.train_draft.trainer import TrainSettings
+from assisted_backends.train_draft.vocab import DEFAULT_COVERAGE
 
 DEFAULTS = TrainSettings(target="", text=(), output="")
+
+
+def draft_vocab(text: str) -> int | str:
+    """`--draft-vocab`: a positive integer or "auto"."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer (V_d) or auto, got {text!r}")
+    return value
+
+
+def vocab_coverage(text: str) -> float:
+    """`--vocab-coverage`: a share in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share in (0, 1] such as 0.95, got {text!r}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,7 +72,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--held-out", type=int, default=DEFAULTS.held_out, help="held-out continuations for acceptance")
     p.add_argument("--max-sequences", type=int, default=None, help="stop generating data after this many")
     p.add_argument("--max-steps", type=int, default=None, help="stop training after this many steps (in all)")
-    p.add_argument("--draft-vocab", type=int, default=DEFAULTS.draft_vocab, help="V_d (default %(default)s)")
+    p.add_argument("--draft-vocab", type=draft_vocab, default=DEFAULTS.draft_vocab, metavar="V_D|auto",
+                   help="V_d, the head's vocabulary (default %(default)s); auto: the smallest V_d whose tokens cover "
+                   "--vocab-coverage of the target's answer tokens (the coverage curve is printed)")  # fmt: skip
+    p.add_argument("--vocab-coverage", type=vocab_coverage, default=None, metavar="SHARE",
+                   help=f"with --draft-vocab auto: the share of the target's answer tokens to cover, in (0, 1] "
+                   f"(default {DEFAULT_COVERAGE})")  # fmt: skip
     p.add_argument("--top-k", type=int, default=DEFAULTS.top_k, help="target probabilities kept per position")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps, help="training-time-test steps = the γ of the "
                    "acceptance printed (default %(default)s)")  # fmt: skip
@@ -94,6 +124,7 @@ def settings_from(args: argparse.Namespace) -> TrainSettings:
         max_sequences=args.max_sequences,
         max_steps=args.max_steps,
         draft_vocab=args.draft_vocab,
+        vocab_coverage=DEFAULT_COVERAGE if args.vocab_coverage is None else args.vocab_coverage,
         top_k=args.top_k,
         steps=args.steps,
         batch_size=args.batch_size,
@@ -141,6 +172,9 @@ def check_chat_file(name: str | None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.vocab_coverage is not None and args.draft_vocab != "auto":
+        parser().error(f"--vocab-coverage applies to --draft-vocab auto (--draft-vocab is {args.draft_vocab}): "
+                       "add --draft-vocab auto or drop --vocab-coverage")  # fmt: skip
     problem = check_chat_file(args.chat) or check_output_directory(args.output)
     if problem is not None:
         print(f"train-draft: error: {problem}", file=sys.stderr)

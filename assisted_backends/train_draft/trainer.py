@@ -9,7 +9,8 @@ Phases, within one time budget (`minutes`, counted over all sessions of a resume
    decoding stops at the budget's end (continuations cut short), and each batch becomes a shard on disk. A
    run resumed before training began (none of its data made, say) goes on generating within its new budget;
 3. the draft vocabulary: the `draft_vocab` tokens the target chose most often on the training data (fewer
-   when it chose fewer distinct tokens, at least 1024: rows no example trains are cost without use);
+   when it chose fewer distinct tokens, at least 1024: rows no example trains are cost without use), or with
+   `draft_vocab="auto"` the fewest covering `vocab_coverage` of its choices (the coverage curve is printed);
 4. training: AdamW on the TTT loss (`train_draft.ttt`), the learning rate warmed up over 20 steps and
    cosine-decayed over the training time, until the budget (or `max_steps`) is spent; held-out acceptance is
    printed every `eval_every_s` seconds; the state and the exported head are written every
@@ -42,7 +43,7 @@ from assisted_backends.train_draft.corpus import DEFAULT_EXTENSIONS, PromptSourc
 from assisted_backends.train_draft.data import Example, generate_examples
 from assisted_backends.train_draft.head_init import head_config, new_head
 from assisted_backends.train_draft.store import RunDirectory
-from assisted_backends.train_draft.vocab import choose_vocabulary, coverage
+from assisted_backends.train_draft.vocab import DEFAULT_COVERAGE, choose_vocabulary, coverage, size_for_coverage
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class TrainSettings:
     held_out: int = 16
     max_sequences: int | None = None
     max_steps: int | None = None
-    draft_vocab: int = 8192
+    draft_vocab: int | str = 8192  # or "auto": the smallest V_d covering `vocab_coverage` (`vocab.size_for_coverage`)
+    vocab_coverage: float = DEFAULT_COVERAGE
     top_k: int = 8
     steps: int = 4
     batch_size: int = 8
@@ -321,6 +323,17 @@ def prompt_streams(settings: TrainSettings, target, tokenizer) -> PromptStreams:
     )
 
 
+def vocabulary_size(settings: TrainSettings, counts: torch.Tensor, say: Callable[[str], None]) -> int:
+    """V_d for the target's answer-token counts [V]: `draft_vocab` (fewer when the target chose fewer tokens, at
+    least 1024), or with "auto" the smallest V_d covering `vocab_coverage` of them, its coverage curve said."""
+    if settings.draft_vocab == "auto":
+        choice = size_for_coverage(counts, settings.vocab_coverage)
+        for line in choice.lines():
+            say(line)
+        return choice.size
+    return min(int(settings.draft_vocab), max(1024, int((counts > 0).sum())))
+
+
 def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
     """Run (or resume) one training run; `target`/`tokenizer` may be given already loaded."""
     run = RunDirectory(settings.output)
@@ -420,7 +433,7 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
     saved = run.load_state()
     if saved is None:
         counts = batches.token_counts(examples, vocab_size)
-        size = min(settings.draft_vocab, max(1024, int((counts > 0).sum())))
+        size = vocabulary_size(settings, counts, bar.say)
         d2t, t2d = choose_vocabulary(counts, size)
         head = new_head(target, d2t, t2d, layers, settings.seed)
         progress["vocabulary_coverage"] = coverage(counts, t2d)

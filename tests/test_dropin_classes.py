@@ -24,7 +24,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 import assisted_backends
 from assisted_backends import generate
-from assisted_backends.engine.loop import DraftFailedWarning
+from assisted_backends.engine.drafter import DraftFailedWarning
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

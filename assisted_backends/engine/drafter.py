@@ -10,15 +10,22 @@ ever changes speed, never whether a call runs.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 import torch
 
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.schedule import DraftSchedule
+from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.engine.tokens import TokenBuffer
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass
@@ -71,3 +78,73 @@ class Drafter(ABC):
         """The schedule the loop runs this drafter with, given the call's `schedule`: that one, unless the drafter
         has several sources whose rounds learn their lengths apart (`drafters.eagle.combined`)."""
         return schedule
+
+
+class DraftFailedWarning(RuntimeWarning):
+    """The draft raised: the call goes on with plain decoding (the tokens are the target's either way)."""
+
+
+class GuardedDrafter:
+    """The loop's handle on a drafter (or on none): every call guarded, so that the first exception the draft
+    raises becomes one `DraftFailedWarning` and the call goes on with plain rounds (`active` False from then on).
+    The drafter sees the committed tokens (`prefill`) only when first asked to draft (`ready`), so a schedule that
+    never speculates never pays for it."""
+
+    def __init__(self, drafter: Drafter | None) -> None:
+        self.drafter = drafter  # kept after a failure, for the statistics
+        self.active = drafter is not None
+        self._prefilled = False
+
+    def _call(self, method: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
+        """`method(*args)` of the drafter, or None (and the drafter inactive) if it raised."""
+        try:
+            return method(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - any failure of the draft: the target alone still serves the call
+            self.drafter.stopped = f"the draft raised {type(error).__name__}: {error}"
+            warnings.warn(
+                f"{self.drafter.name}: {self.drafter.stopped}; plain decoding from here on", DraftFailedWarning, 4
+            )
+            self.active = False
+            return None
+
+    @property
+    def name(self) -> str:
+        return self.drafter.name if self.drafter is not None else "no draft"
+
+    def ready(self, buffer: TokenBuffer) -> bool:
+        """Whether the drafter can propose; the first time, it sees the committed tokens (`Drafter.prefill`)."""
+        if self.active and not self._prefilled:
+            self._prefilled = True
+            self._call(self.drafter.prefill, buffer)
+        return self.active
+
+    def propose(
+        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
+    ) -> Proposal:
+        """Up to γ draft tokens at buffer.ids[:, length : length + γ] (none when γ = 0 or the draft failed)."""
+        if gamma == 0 or not self.active:
+            return Proposal(0)
+        proposal = self._call(self.drafter.propose, buffer, gamma, selector, generator)
+        return proposal if proposal is not None else Proposal(0)
+
+    def rollback(self, buffer: TokenBuffer) -> None:
+        if self.active:
+            self._call(self.drafter.rollback, buffer)
+
+    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
+        if self.active:
+            self._call(self.drafter.move_rows, move, buffer)
+
+    def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
+        if self.active:
+            self._call(self.drafter.insert_row, buffer, position, width, pad_id)
+
+    def note_stop(self, buffer: TokenBuffer, stats: GenerationStats) -> None:
+        """Record when and why drafting stopped for the rest of the call (once)."""
+        if self.drafter is not None and self.drafter.stopped is not None and stats.drafting_stopped is None:
+            stats.drafting_stopped = self.drafter.stopped
+            stats.drafting_stopped_at = sum(buffer.new_tokens)
+
+    @property
+    def forward_count(self) -> int:
+        return self.drafter.forward_count if self.drafter is not None else 0

@@ -1,4 +1,4 @@
-"""No traceback after the work (issue 34, item 4): every output path is proved writable before a model loads,
+"""No traceback after the work: every output path is proved writable before a model loads,
 `--threads` is capped at the usable cores with one warning, a model on the meta device and a truncated `.gguf`
 get the package's own one-line errors, and Ctrl-C prints the text generated so far. Also: a renamed `.gguf` finds
 its conversion (the cache is keyed by sha256)."""

@@ -1,4 +1,4 @@
-"""The benchmark says how long it will take (issue 34, item 6): a total before the first case (a full run also
+"""The benchmark says how long it will take: a total before the first case (a full run also
 names `--quick`), each case an estimate before it starts and again from its first pair, within 1.5x of what the
 case then takes."""
 

@@ -1,4 +1,4 @@
-"""The default draft is never larger than its target (issue 34, item 5): decided from the target's local files
+"""The default draft is never larger than its target: decided from the target's local files
 (a `.gguf`'s tensor table, a directory's config.json) before torch loads, in well under a second; the advice is
 prompt lookup."""
 

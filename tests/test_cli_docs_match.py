@@ -1,4 +1,4 @@
-"""docs/cli.md says what `run-assisted-generation --help` says (issue 34, item 7): every choice list, every
+"""docs/cli.md says what `run-assisted-generation --help` says: every choice list, every
 default, and how the thread count is chosen."""
 
 from __future__ import annotations

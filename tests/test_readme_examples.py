@@ -1,4 +1,4 @@
-"""The README's examples show what they claim (issue 34): the first Python block's draft is accepted, the page
+"""The README's examples show what they claim: the first Python block's draft is accepted, the page
 says when the adaptive schedule turns a draft off, and the API section names how threads are chosen."""
 
 from __future__ import annotations

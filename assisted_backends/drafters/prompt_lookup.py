@@ -4,10 +4,8 @@ For n = max_ngram down to min_ngram: take the last n committed tokens x_{L-n..L-
 earlier position i with x_{i..i+n-1} equal to them and propose what followed, x_{i+n..i+n+γ-1}
 (clipped at the committed end); in a batch each row looks up in its own tokens. The drafter asks for a
 match of at least 2 tokens: a single repeated token ("the", a comma) in free text predicts the next
-ones about as well as chance, and each such proposal costs a wider verify pass. Measured on
-SmolLM2-135M (fp32, 1 thread, 64 tokens): the open-ended task verified 23 proposals and accepted 2
-with one-token matches, 3 proposals with two-token ones (constant γ: 0.79x -> 0.98x of plain decoding), while the
-input-grounded tasks kept their gains (Gemma 3 edit 1.49x -> 1.60x, SmolLM2 summarize 1.37x -> 1.41x). The drafter is
+ones about as well as chance, and each such proposal costs a wider verify pass (the figures: benchmarks/
+RESULTS.md, "Why the code is the way it is"). The drafter is
 deterministic, so when sampling q is a point mass on each proposed token and the lossless rule accepts
 token x with probability p(x).
 """

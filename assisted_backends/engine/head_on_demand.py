@@ -3,8 +3,8 @@
 A verify pass feeds γ + 1 positions, but greedy acceptance reads position j + 1 only when the draft
 tokens x_1..x_j were all accepted: p_1 decides x_1, and p_{n+1} gives the target's own token after the
 n accepted. Where the head is a large part of a step (Gemma 3: a 262k × 640 head, 63% of the
-parameters; in fp32 on a CPU a head over 11 positions costs 2.5x a head over one) computing it on all
-γ + 1 positions is most of the verify pass. Here the model runs up to its head, the head's input
+parameters, whose cost on a CPU grows with the positions it covers) computing it on all γ + 1 positions is
+most of the verify pass. Here the model runs up to its head, the head's input
 h [B, γ+1, D] is kept, and the head is applied to position 1 alone; only if some row accepted x_1 are
 the other γ positions computed, in one call.
 

@@ -13,8 +13,8 @@ device; while γ = 0 wins it probes with γ = 1 now and then, so a rising α is 
 Why per position and per q: acceptances are correlated (a draft that got the easy tokens of a phrase
 right tends to get the next one right too, so α_i grows with i on real pairs), and a target pass is
 not linear in q (on CPU one extra token costs a jump, more tokens then little; on GPUs nearly nothing).
-A single α and a linear t_v both underestimate deep drafts; measured on the demo pair they chose
-γ ≈ 1 where γ = 4 was 1.25x faster.
+A single α and a linear t_v both underestimate deep drafts (on the demo pair they chose γ ≈ 1 where γ = 4
+was faster: benchmarks/RESULTS.md, "Why the code is the way it is").
 
 Batches: one γ for the batch. A round of B rows gains Σ_b (n_b + 1) tokens and costs the batch's
 γ·t_d(B) + t_v(B, γ+1), both measured on the batch; every row adds one sample to the α_i (the counts
@@ -39,8 +39,7 @@ NEVER_PAYS_COST_RATIO = 0.9  # draft parameters / target parameters from which s
 COSTLY_DRAFT_RATIO = 0.25  # from this parameter ratio on, exploration drafts 1 token, not 3 (it costs γc steps)
 # A free drafter (prompt lookup) has regimes: a copied span accepts long runs, free text rejects x_1. Its
 # counts forget in a few rounds, and it explores and probes with the full γ_max (one token would not tell
-# a copy apart). Measured (Gemma 3 edit task, 64 tokens): 1.34x plain, where decay 0.95 with γ = 1
-# probes stayed plain after the first rejections (0.93x).
+# a copy apart); with the slow decay and γ = 1 probes it stayed plain after the first rejections.
 FREE_DECAY = 0.8
 # A draft is tried only if what the try costs when it finds nothing (the draft's pass over the prompt and its
 # exploration round) stays within this share of the plain decoding time left (`AdaptiveSchedule.worth_trying`).
@@ -185,8 +184,8 @@ class _VerifyCost:
     A size measured at least twice is *settled*. A size not settled is interpolated between the nearest
     settled sizes below and above, or, past either end, taken as equal to the nearest one: optimistic past
     the largest, so the schedule tries it and learns. A size measured once is taken as at most that
-    estimate: the first pass of a shape pays for its kernels and buffers (measured: 2.5 decode steps for
-    Gemma 3's first 3-token pass against 1.2 later), and one inflated sample must not rule a width out for good.
+    estimate: the first pass of a shape pays for its kernels and buffers (a few times the later ones), and one
+    inflated sample must not rule a width out for good.
     """
 
     def __init__(self, max_query: int | None = None) -> None:  # `max_query`: kept for callers; sizes are open
@@ -313,8 +312,8 @@ class AdaptiveSchedule:
 
     def worth_probing(self) -> bool:
         """A probe pays back over the rounds after it: none is made with fewer tokens left than the plain
-        rounds whose budget pays for it (measured: Gemma 3 drafted by SmolLM2 probed 55 rounds into a 64-token
-        answer, the draft catching up on all of them for nothing)."""
+        rounds whose budget pays for it (a probe near the end of an answer makes the draft catch up on every
+        token so far, for nothing)."""
         return self.horizon is None or self.horizon - self.made > self.probe_interval()
 
     def observe_prefill(self, seconds: float) -> None:
@@ -327,8 +326,8 @@ class AdaptiveSchedule:
 
     def worth_trying(self) -> bool:
         """Try the draft only if `trial_cost` is within `trial_budget` of the plain decoding time left
-        (horizon − made tokens at t_v(1)). Measured: Gemma 3 270M drafted by SmolLM2-135M (c = 0.6, 1.15 draft
-        steps per target token) cannot gain in fp32 on a 2-core CPU, and its try cost 5-8% of a 64-token answer."""
+        (horizon − made tokens at t_v(1)): a draft of c near 1 cannot gain, and its try alone costs several percent of
+        a short answer."""
         if self.horizon is None or self.free:
             return True
         plain_left = (self.horizon - self.made) * self.verify(1)

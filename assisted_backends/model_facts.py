@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from assisted_backends import hf_compat
+from assisted_backends.quantized.linear import quantized_kernels
 
 # Config names of a model's position limit; "max_seq_len" (MPT, DBRX) sizes a bias table indexed by key length.
 POSITION_LIMIT_NAMES = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
@@ -32,7 +33,10 @@ class ModelFacts:
     input embeddings and the output head (once if tied): what a pass over a prompt runs per token;
     `rollback_refusal`: why its KV cache cannot move back exactly (None: it can);
     `hidden_size`: the width of its hidden states, when the config states one (an EAGLE head's features
-    must have it).
+    must have it);
+    `weight_bytes`: the bytes of weights a decode step reads (`step_weight_bytes`: quantized layers count their
+    packed bytes); `activation_dtype`: its hidden states' dtype; `quantized_kernels`: what its quantized layers
+    run on ({"blocks"}: the package's kernels, {"aten"}: PyTorch's, empty: none quantized).
     """
 
     name: str
@@ -46,6 +50,9 @@ class ModelFacts:
     body_parameters: int
     rollback_refusal: str | None
     hidden_size: int | None = None
+    weight_bytes: int | None = None
+    activation_dtype: torch.dtype | None = None
+    quantized_kernels: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ModelFacts:
@@ -70,6 +77,9 @@ class ModelFacts:
             body_parameters=max(parameters - sum(matrices.values()), 1),
             rollback_refusal=hf_compat.rollback_refusal(model),
             hidden_size=hidden if isinstance(hidden := getattr(config, "hidden_size", None), int) else None,
+            weight_bytes=step_weight_bytes(model),
+            activation_dtype=hf_compat.activation_dtype(model),
+            quantized_kernels=quantized_kernels(model),
         )
 
     def check_rollback(self, role: str) -> None:
@@ -138,6 +148,38 @@ def logical_parameter_count(model: torch.nn.Module) -> int:
         bias = getattr(module, "bias", None)
         has_bias = (callable(bias) and bias() is not None) or isinstance(bias, torch.Tensor)
         total += rows * cols + (rows if has_bias and not isinstance(bias, torch.nn.Parameter) else 0)
+    return total
+
+
+def _tensor_key(tensor: torch.Tensor) -> tuple[int, int]:
+    pointer = tensor.data_ptr() if tensor.device.type != "meta" else 0
+    return (pointer, tensor.nbytes) if pointer else (id(tensor), tensor.nbytes)
+
+
+def _weights(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The weight tensors a module holds itself: its parameters, and the buffers of a packed linear layer or a
+    quantized embedding (weights held as buffers: int8/int4 layers, prepacked layers)."""
+    tensors = list(module.parameters(recurse=False))
+    packed = isinstance(getattr(module, "out_features", None), int) or hasattr(module, "unscaled_rows")
+    if packed:
+        tensors += [t for t in module.buffers(recurse=False) if t is not None]
+    return tensors
+
+
+def step_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights one decode step reads: every weight tensor once (shared storage once), the input
+    embedding's table left out unless the output head shares it (a lookup reads one row per token)."""
+    embedding, head = _input_embeddings(model), _output_embeddings(model)
+    kept = {_tensor_key(t) for t in _weights(head)} if head is not None else set()
+    skipped = {_tensor_key(t) for t in _weights(embedding)} - kept if embedding is not None else set()
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for module in model.modules():
+        for tensor in _weights(module):
+            key = _tensor_key(tensor)
+            if key not in seen and key not in skipped:
+                seen.add(key)
+                total += tensor.nbytes
     return total
 
 

@@ -23,6 +23,7 @@ MAX_ADAPTIVE_GAMMA = 8
 # The flag of each `generate` option (errors name options; the CLI says them as the flags the user typed).
 FLAGS = {
     "draft_precision": "--draft-precision",
+    "head_precision": "--head-precision",
     "dtype": "--dtype",
     "temperature": "--temperature",
     "top_p": "--top-p",
@@ -54,6 +55,7 @@ def cli_spelling(option: str, value: Any = NO_VALUE) -> str:
 
 DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
 DRAFT_PRECISIONS = ("fp32", "bf16", "int8", "int4", "w8af32")
+HEAD_PRECISIONS = ("auto", "float", "bf16", "int8", "int4")  # drafters/eagle/precision.py's (a test keeps them equal)
 
 
 def _both(name: str) -> list[str]:
@@ -223,6 +225,9 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
     )
     device.add_argument(*_both("draft_precision"), dest="draft_precision", choices=DRAFT_PRECISIONS, default=None,
                         help="draft precision (default: as --dtype)")  # fmt: skip
+    device.add_argument(*_both("head_precision"), dest="head_precision", choices=HEAD_PRECISIONS, default=None,
+                        help="an EAGLE-3 head's precision (default auto: its linear layers int8 on the package's "
+                        "kernels when the target runs on them, else float, the target's activation dtype)")  # fmt: skip
     device.add_argument(
         *_both("static_shapes"),
         dest="static_shapes",

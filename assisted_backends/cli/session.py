@@ -21,8 +21,11 @@ from assisted_backends.cli.preflight import SAVED_DRAFTING, require_local_defaul
 from assisted_backends.cli.threads import ThreadChoice, initial_choice, probe, probe_applies
 from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
 from assisted_backends.distributed import launch as distributed
+from assisted_backends.drafters.eagle.build import head_precision, is_eagle_head
+from assisted_backends.drafters.eagle.precision import HeadPrecision
 from assisted_backends.loading.files import find_gguf
 from assisted_backends.loading.models import load_model, load_tokenizer, saved_generation_config
+from assisted_backends.options.errors import OptionError
 
 SMOKE_NOTICE = (
     "note: using a SMOKE demo pair ({target} target, {draft} draft, a few training steps on a small text sample): "
@@ -228,6 +231,13 @@ def _size(shape) -> str:
     return f"{shape.layers}-layer x {shape.hidden}"
 
 
+def set_head_precision(head, target: torch.nn.Module, precision: str | None) -> HeadPrecision:
+    """Set an EAGLE-3 head to draft at `--head-precision` (None: its own setting, "auto"); what it will draft in."""
+    if precision is not None:
+        head.precision = precision
+    return head_precision(head, target)
+
+
 def open_session(args: argparse.Namespace) -> Session:
     """Resolve the backend, load (and prepare once) the models and tokenizers."""
     notices: list[str] = []
@@ -245,8 +255,15 @@ def open_session(args: argparse.Namespace) -> Session:
     tokenizer = load_tokenizer(target_name, "-m/--model")
     draft = draft_tokenizer = None
     if draft_name is not None:
-        draft = backend.prepare(load_with_progress(draft_name, "--assistant-model", args.draft_precision), "draft")
+        draft = load_with_progress(draft_name, "--assistant-model", args.draft_precision)
+        if is_eagle_head(draft):  # it rides on the target: the backend's draft precision does not apply
+            notices.append(f"note: {set_head_precision(draft, target, args.head_precision).line()}")
+        else:
+            draft = backend.prepare(draft, "draft")
         draft_tokenizer = load_tokenizer(draft_name, "--assistant-model")
+    if args.head_precision is not None and not is_eagle_head(draft):
+        raise OptionError("{name} applies to an EAGLE-3 head (--assistant-model naming a head's directory): drop it",
+                          name=("head_precision", args.head_precision))  # fmt: skip
     text = open(held_out, encoding="utf-8").read() if held_out else None
     cores = affinity.usable_cores()
     if probe_applies(threads, backend.device.type, launch is not None, cores):

@@ -64,7 +64,7 @@ class QuantizedLinear(nn.Module):
 
     @property
     def kernel(self) -> str:
-        """"blocks" (the package's kernels) or "aten" (PyTorch's int4/int8 kernels)."""
+        """Which kernels run it: "blocks" (the package's) or "aten" (PyTorch's int4/int8 kernels)."""
         return "aten" if self.block_meta is None else "blocks"
 
     def buffer_names(self) -> tuple[str, ...]:
@@ -310,6 +310,12 @@ def quantized_scheme(model: nn.Module) -> str | None:
     """The scheme of `model`'s quantized layers ("int8", "int4", "int8+int4" for a mix), or None if it has none."""
     schemes = sorted({m.scheme for m in model.modules() if isinstance(m, QuantizedLinear)})
     return "+".join(schemes) if schemes else None
+
+
+def quantized_kernels(model: nn.Module) -> frozenset[str]:
+    """The kernels `model`'s quantized layers run on: {"blocks"} (the package's), {"aten"} (PyTorch's), both, or
+    empty for a model without quantized layers."""
+    return frozenset(m.kernel for m in model.modules() if isinstance(m, QuantizedLinear))
 
 
 def kernel_report(model: nn.Module) -> str:

@@ -1,14 +1,14 @@
 """Planning and building the EAGLE drafter: the checks a head must pass against its target, the head in the
 target's dtype and device, and the hand-over of features from the target's runner.
 
-The head runs in the dtype of the target's activations (its input embedding's), so features need no cast
-and the head's cost stays small next to the target's; a published fp16/bf16 head is copied once per
-(dtype, device) and cached. The backend's draft precision options do not apply to it.
+The head runs at its `precision` setting (`drafters.eagle.precision`): by default in the dtype of the target's
+activations (its input embedding's), so features need no cast, or with its linear layers on the package's int8/int4
+kernels when the target runs on them; a copy is made once per (precision, dtype, device) and cached. The backend's
+draft precision options do not apply to it.
 """
 
 from __future__ import annotations
 
-import copy
 import weakref
 from collections.abc import Callable
 
@@ -17,10 +17,19 @@ import torch
 from assisted_backends import hf_compat
 from assisted_backends.drafters.eagle.drafter import EagleDrafter
 from assisted_backends.drafters.eagle.features import FeatureStore, LayerTap
-from assisted_backends.drafters.eagle.head import Eagle3Head, _rope_config
+from assisted_backends.drafters.eagle.head import Eagle3Head
+from assisted_backends.drafters.eagle.precision import (
+    HeadPrecision,
+    choose_precision,
+    float_copy,
+    quantized_copy,
+    step_bytes,
+    warn_if_fell_back,
+)
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options.errors import OptionError
+from assisted_backends.quantized.linear import quantized_kernels
 
 _PREPARED: weakref.WeakKeyDictionary[Eagle3Head, dict[tuple, Eagle3Head]] = weakref.WeakKeyDictionary()
 
@@ -51,9 +60,25 @@ def check_head(head: Eagle3Head, target: ModelFacts) -> None:
 
 
 def draft_costs(head: Eagle3Head, target: ModelFacts) -> dict[str, float]:
-    """The schedule's priors: c ≈ the head's step parameters over the target's; its prompt pass likewise."""
+    """The schedule's priors: c ≈ the bytes of weights a head step reads at the precision it will draft in over
+    the target's step bytes (both known), else its step parameters over the target's; its prompt pass likewise
+    by parameters."""
     step = head.body_parameters()
-    return dict(cost_ratio=step / target.parameters, prompt_pass_ratio=step / target.body_parameters)
+    costs = dict(cost_ratio=step / target.parameters, prompt_pass_ratio=step / target.body_parameters)
+    if target.weight_bytes:
+        choice = choose_precision(head.precision, target.quantized_kernels, head.compute_device)
+        head_bytes = head_step_bytes(head, choice, target.activation_dtype or torch.float32)
+        costs["cost_ratio"] = head_bytes / target.weight_bytes
+    return costs
+
+
+def head_step_bytes(head: Eagle3Head, choice: HeadPrecision, activation_dtype: torch.dtype) -> int:
+    """The weight bytes a draft step of `head` reads at `choice` next to a target whose activations are
+    `activation_dtype` (a quantized copy is built once and cached, as drafting will use it)."""
+    if choice.quantized:
+        return step_bytes(_cached(head, (choice.name,), lambda: quantized_copy(head, choice.name)[0]))
+    dtype = torch.bfloat16 if choice.name == "bf16" else activation_dtype
+    return head.body_parameters() * dtype.itemsize
 
 
 def target_embedding(target: torch.nn.Module) -> tuple[torch.Tensor | Callable[[torch.Tensor], torch.Tensor], int, int]:
@@ -85,19 +110,33 @@ def _activation_dtype(target: torch.nn.Module) -> tuple[torch.dtype, torch.devic
     return dtype, weight.device
 
 
-def prepared_head(head: Eagle3Head, target: torch.nn.Module) -> Eagle3Head:
-    """`head` in the target's activation dtype and device (a cached copy when it has to change), embedding
-    with the target's input embedding when the head carries none."""
+def _cached(head: Eagle3Head, key: tuple, build: Callable[[], Eagle3Head]) -> Eagle3Head:
+    """The copy of `head` cached under `key`, built once."""
+    copies = _PREPARED.setdefault(head, {})
+    if key not in copies:
+        copies[key] = build()
+    return copies[key]
+
+
+def head_precision(head: Eagle3Head, target: torch.nn.Module) -> HeadPrecision:
+    """The precision `head` drafts in next to `target` (`drafters.eagle.precision`: its `precision` setting, the
+    target's kernels and device)."""
+    return choose_precision(head.precision, quantized_kernels(target), _activation_dtype(target)[1])
+
+
+def prepared_head(head: Eagle3Head, target: torch.nn.Module, precision: HeadPrecision | None = None) -> Eagle3Head:
+    """`head` at `precision` (default: `head_precision`) next to `target`: float in the target's activation dtype
+    and device, bf16, or its linear layers on the package's int8/int4 kernels (a cached copy when it has to
+    change), embedding with the target's input embedding when the head carries none."""
+    precision = precision or head_precision(head, target)
     dtype, device = _activation_dtype(target)
-    weight = head.fc.weight
-    if weight.dtype == dtype and weight.device == device:
+    dtype = torch.bfloat16 if precision.name == "bf16" else dtype
+    if precision.quantized:
+        prepared = _cached(head, (precision.name,), lambda: quantized_copy(head, precision.name)[0])
+    elif head.compute_dtype == dtype and head.compute_device == device:
         prepared = head
     else:
-        prepared = _PREPARED.setdefault(head, {}).get((dtype, device))
-        if prepared is None:
-            prepared = copy.deepcopy(head).to(device=device, dtype=dtype).eval()
-            prepared.rotary = type(head.rotary)(_rope_config(head.config)).to(device)  # inv_freq kept in fp32
-            _PREPARED[head][(dtype, device)] = prepared
+        prepared = _cached(head, (dtype, device), lambda: float_copy(head, dtype, device))
     if prepared.embed_tokens is None:
         embedding, rows, width = target_embedding(target)
         if width != head.config.hidden_size:
@@ -119,4 +158,8 @@ def build_eagle_drafter(
     tap = LayerTap(target, head.config.layers_for(hf_compat.text_config(target).num_hidden_layers))
     store = FeatureStore(tap, capacity=getattr(target_runner.layout, "capacity", 0))
     target_runner.feature_tap = store
-    return EagleDrafter(prepared_head(head, target), target_runner, store, vocab_size, static_shapes)
+    precision = head_precision(head, target)
+    warn_if_fell_back(precision)
+    drafter = EagleDrafter(prepared_head(head, target, precision), target_runner, store, vocab_size, static_shapes)
+    drafter.precision = precision
+    return drafter

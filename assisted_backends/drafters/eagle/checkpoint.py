@@ -18,6 +18,7 @@ import torch
 
 from assisted_backends.drafters.eagle.config import EAGLE_AUTHORS_ARCHITECTURE, Eagle3Config, default_feature_layers
 from assisted_backends.drafters.eagle.head import Eagle3Head
+from assisted_backends.drafters.eagle.precision import check_head_precision
 
 SAFETENSORS, PYTORCH_BIN = "model.safetensors", "pytorch_model.bin"
 REQUIRED_KEYS = (
@@ -81,8 +82,10 @@ def _state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_head(directory: str | Path, dtype: torch.dtype | None = None) -> Eagle3Head:
-    """The head in `directory`, in its stored dtype unless `dtype` is given, in eval mode."""
+def load_head(directory: str | Path, dtype: torch.dtype | None = None, precision: str = "auto") -> Eagle3Head:
+    """The head in `directory`, in its stored dtype unless `dtype` is given, in eval mode, drafting at `precision`
+    ("auto", "float", "bf16", "int8", "int4": `drafters.eagle.precision`)."""
+    check_head_precision(precision)
     directory = Path(directory)
     weights = weights_file(directory)
     if weights is None:
@@ -111,6 +114,7 @@ def load_head(directory: str | Path, dtype: torch.dtype | None = None) -> Eagle3
         head.load_state_dict({k: v for k, v in state.items()}, strict=True)
     except RuntimeError as error:  # shapes that disagree with the config
         raise HeadCheckpointError(f"{directory}: the tensors do not fit its config.json: {error}") from None
+    head.precision = precision
     return head.to(dtype or stored).eval()
 
 

@@ -25,6 +25,7 @@ from assisted_backends.drafters.base import fill_proposal
 from assisted_backends.drafters.eagle.cache import HeadCache
 from assisted_backends.drafters.eagle.features import FeatureStore
 from assisted_backends.drafters.eagle.head import Eagle3Head
+from assisted_backends.drafters.eagle.precision import HeadPrecision
 from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.runner import ModelRunner
@@ -47,6 +48,7 @@ class EagleDrafter(Drafter):
         self.static_shapes = static_shapes
         self.cache: HeadCache | None = None
         self.exact = 0  # columns [0, exact) of the head's cache were computed from the target's features
+        self.precision: HeadPrecision | None = None  # what the head drafts in, and why (`build_eagle_drafter`)
         self._last: torch.Tensor | None = None  # o_{L−2} [B, 1, H] of the latest catch-up
         self._forwards = 0
         self._embedding_rows = head.embedding_rows()
@@ -96,10 +98,10 @@ class EagleDrafter(Drafter):
         """Allocate the head's cache and run it over the committed columns the target has features for."""
         if self.store.missing is not None:
             return
-        weight = self.head.fc.weight
+        head = self.head
         self.cache = HeadCache(
-            buffer.ids.shape[0], self.head.config.num_key_value_heads, self.head.config.attention_head_dim,
-            buffer.capacity, buffer.pad_tensor(), self.static_shapes, weight.dtype, weight.device,
+            buffer.ids.shape[0], head.config.num_key_value_heads, head.config.attention_head_dim, buffer.capacity,
+            buffer.pad_tensor(), self.static_shapes, head.compute_dtype, head.compute_device,
         )  # fmt: skip
         self.exact = 0
         end = buffer.length - 1

@@ -142,6 +142,30 @@ class Eagle3Head(nn.Module):
         self.rotary = LlamaRotaryEmbedding(_rope_config(config))  # inv_freq is not persistent: not in the state dict
         self._target_embedding: torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None = None
         self._target_rows: int | None = None
+        self._precision = "auto"
+
+    # --- precision ------------------------------------------------------------------------------------------
+
+    @property
+    def precision(self) -> str:
+        """The precision it drafts in next to a target (`drafters.eagle.precision`): "auto" (default), "float",
+        "bf16", "int8" or "int4". A setting, not part of its state: the loaded weights stay as they are."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:
+        from assisted_backends.drafters.eagle.precision import check_head_precision
+
+        self._precision = check_head_precision(value)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of its activations (its norms' weights: its linear layers may be quantized)."""
+        return self.norm.weight.dtype
+
+    @property
+    def compute_device(self) -> torch.device:
+        return self.norm.weight.device
 
     # --- inputs ---------------------------------------------------------------------------------------------
 
@@ -174,17 +198,17 @@ class Eagle3Head(nn.Module):
         head's input norm makes it irrelevant, and training and decoding do the same)."""
         table = self.embedding_weight()
         rows = nn.functional.embedding(token_ids, table) if isinstance(table, torch.Tensor) else table(token_ids)
-        return rows.to(self.fc.weight.dtype)
+        return rows.to(self.compute_dtype)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """g [B, q, H] = fc([l; m; h]) for target features [B, q, 3 H_t]."""
-        return self.fc(features.to(self.fc.weight.dtype))
+        return self.fc(features.to(self.compute_dtype))
 
     # --- the layer and the head -----------------------------------------------------------------------------
 
     def rotary_embedding(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [B, q, d] for position ids [B, q]."""
-        return self.rotary(self.fc.weight, positions)
+        return self.rotary(self.norm.weight, positions)
 
     def forward(
         self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, attend: Attend

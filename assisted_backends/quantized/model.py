@@ -273,6 +273,7 @@ def _install(model: nn.Module, plan: _Plan) -> nn.Module:
     left = [name for name, tensor in list(model.named_parameters()) + list(model.named_buffers()) if tensor.is_meta]
     if left:
         raise ValueError(f"the GGUF file has no values for {left[:5]}{' ...' if len(left) > 5 else ''}")
+    model.quantization_report = plan.report  # as `quantize_model` marks its models (the CPU backend reads it)
     return model
 
 

@@ -19,6 +19,7 @@ the cores the process may use, the classic oversubscription that makes a pinned 
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -177,13 +178,20 @@ def busy_note(load: float | None = None, cpus: int | None = None, threads: int |
     return f"this machine looks busy (load average {load:.1f} on {cpus} CPU(s)): timings will be slow and noisy{advice}"
 
 
-def warn_if_oversubscribed(current: ThreadPlacement | None = None) -> ThreadPlacement:
+def warn_if_oversubscribed(current: ThreadPlacement | None = None, stacklevel: int = 3) -> ThreadPlacement:
     """Warn (ThreadOversubscriptionWarning) when threads exceed the pinned CPUs; return the placement."""
     current = current or placement()
     message = current.warning()
     if message:
-        warnings.warn(message, ThreadOversubscriptionWarning, stacklevel=3)
+        warnings.warn(message, ThreadOversubscriptionWarning, stacklevel=stacklevel)
     return current
+
+
+@functools.cache
+def warn_once_if_oversubscribed(torch_threads: int) -> None:
+    """`warn_if_oversubscribed()` once per process for each thread count torch runs with (the CPUs a process may
+    use are set before it starts: numactl, taskset)."""
+    warn_if_oversubscribed(stacklevel=4)
 
 
 PROC_STAT = "/proc/stat"

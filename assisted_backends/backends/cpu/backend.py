@@ -20,6 +20,8 @@ is never altered. Calling `prepare` again returns the same prepared model.
 from __future__ import annotations
 
 import copy
+import functools
+import os
 import resource
 import sys
 from weakref import WeakKeyDictionary
@@ -35,6 +37,9 @@ from assisted_backends.quantized.linear import kernel_report, quantize_model, qu
 
 PREPARED_ATTRIBUTE = "_assisted_backends_cpu"  # the preparation a model already went through
 VERIFY_ATTRIBUTE = "_assisted_backends_verify"  # a quantized target's attention and verify-pass invariance
+# Set on every model the package's quantizers made (`quantized.linear.quantize_model`, the GGUF loader of
+# `quantized.model`): only such a model can hold quantized layers, so no other model is searched for them.
+QUANTIZED_MARKER = "quantization_report"
 _COPIES: WeakKeyDictionary[torch.nn.Module, dict[tuple, torch.nn.Module]] = WeakKeyDictionary()
 _CAST_FROM: WeakKeyDictionary[torch.nn.Module, torch.dtype] = WeakKeyDictionary()  # dtype before our in-place cast
 
@@ -46,6 +51,17 @@ def _label(choice: precision.Choice, loaded: str | None, dtype: torch.dtype) -> 
     if loaded and not choice.quantize:
         return f"{loaded} (as loaded)"
     return choice.quantize or dtype_name(dtype)
+
+
+@functools.cache
+def _precisions(
+    dtype: str | None, draft_precision: str | None, cpuinfo: str | None
+) -> tuple[cpu_features.CPUFeatures, precision.Choice, precision.Choice]:
+    """The CPU's features (read from `cpuinfo`, else /proc/cpuinfo) and the target's and the draft's precision:
+    worked out once per process for each set of arguments (a refusal raises every time)."""
+    features = cpu_features.detect(cpuinfo)
+    target = precision.target_choice(dtype, features)
+    return features, target, precision.draft_choice(draft_precision, target, features)
 
 
 def _quantized(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
@@ -65,10 +81,8 @@ class CPUBackend(Backend):
 
     def __init__(self, options=None) -> None:
         super().__init__(options)
-        self.features = cpu_features.detect()
-        self.target_precision = precision.target_choice(self.options.dtype, self.features)
-        self.draft_precision = precision.draft_choice(
-            self.options.draft_precision, self.target_precision, self.features
+        self.features, self.target_precision, self.draft_precision = _precisions(
+            self.options.dtype, self.options.draft_precision, os.environ.get(cpu_features.CPUINFO_ENV)
         )
         if self.draft_precision.quantize == "w8af32":
             quantize.check_supported()
@@ -77,12 +91,11 @@ class CPUBackend(Backend):
                 missing = kernels.available().missing(choice.quantize)
                 if missing:
                     raise NotImplementedError(f"{choice.name} weights need PyTorch's CPU kernel: {missing}")
-        self.ipex_mode = ipex.requested_mode()
-        self.ipex_status = ipex.status() if self.ipex_mode != "off" else None
+        self.ipex_mode = ipex.mode_of(os.environ.get(ipex.ENV))
+        self._ipex_status: ipex.IpexStatus | None = None
         if self.ipex_mode == "on":
             ipex.wanted("on", None, self.ipex_status)  # fail now, not after loading the models
         self._chosen: dict[str, dict[str, str]] = {}
-        self._warned = False
 
     @classmethod
     def is_available(cls) -> bool:
@@ -92,22 +105,30 @@ class CPUBackend(Backend):
     def device(self) -> torch.device:
         return torch.device("cpu")
 
+    @property
+    def ipex_status(self) -> ipex.IpexStatus | None:
+        """Whether IPEX can load here (None when ASSISTED_BACKENDS_IPEX=off), looked up when first asked."""
+        if self._ipex_status is None and self.ipex_mode != "off":
+            self._ipex_status = ipex.status()
+        return self._ipex_status
+
     def _choice(self, role: ModelRole) -> precision.Choice:
         return self.target_precision if role == "target" else self.draft_precision
 
     def prepare(self, model: torch.nn.Module, role: ModelRole) -> torch.nn.Module:
-        if not self._warned:
-            affinity.warn_if_oversubscribed()
-            self._warned = True
+        affinity.warn_once_if_oversubscribed(torch.get_num_threads())
         choice = self._choice(role)
         current = hf_compat.activation_dtype(model)
-        loaded = quantized_scheme(model)  # weights that came quantized (a .gguf file) stay so
+        # weights that came quantized (a .gguf file) stay so
+        loaded = quantized_scheme(model) if hasattr(model, QUANTIZED_MARKER) else None
         if choice.quantize or loaded:
             use_ipex, ipex_reason = False, "not used: quantized weights run on PyTorch's int8/int4 kernels"
             dtype = torch.float32
         else:
             dtype = choice.dtype or current
-            use_ipex, ipex_reason = ipex.wanted(self.ipex_mode, dtype, self.ipex_status)
+            use_ipex, ipex_reason = ipex.native(self.ipex_mode, dtype) or ipex.wanted(
+                self.ipex_mode, dtype, self.ipex_status
+            )
         label = _label(choice, loaded, dtype)
         signature = (label, use_ipex)
         reason = choice.reason if (choice.dtype is not None or loaded) else f"{choice.reason}: {dtype_name(current)}"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 CPUINFO_PATH = "/proc/cpuinfo"
+CPUINFO_ENV = "ASSISTED_BACKENDS_CPUINFO"  # a file read instead of CPUINFO_PATH (tests fake a CPU with it)
 
 # Flags that decide precision, in the kernel's spelling (torch's cpuinfo table spells them alike).
 AMX_BF16 = "amx_bf16"
@@ -104,7 +105,7 @@ def _torch_cpuinfo() -> tuple[frozenset[str], str] | None:
 
 def detect(cpuinfo_path: str | None = None) -> CPUFeatures:
     """The features of the CPU this process runs on (reads a file; changes nothing)."""
-    path = cpuinfo_path or os.environ.get("ASSISTED_BACKENDS_CPUINFO") or CPUINFO_PATH
+    path = cpuinfo_path or os.environ.get(CPUINFO_ENV) or CPUINFO_PATH
     found = _read_proc_cpuinfo(path)
     if found is not None:
         return CPUFeatures(flags=found[0], model_name=found[1], source=path)

@@ -20,6 +20,7 @@ PyTorch's int8 kernels (see quantize.py).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -52,9 +53,16 @@ class IpexStatus:
 
 
 def requested_mode() -> str:
-    mode = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    """The mode `ASSISTED_BACKENDS_IPEX` asks for ("auto" when unset)."""
+    return mode_of(os.environ.get(ENV))
+
+
+@functools.cache
+def mode_of(value: str | None) -> str:
+    """The mode a value of `ASSISTED_BACKENDS_IPEX` asks for (None: unset, "auto"); a ValueError naming the choices."""
+    mode = (value or "auto").strip().lower() or "auto"
     if mode not in MODES:
-        raise ValueError(f"{ENV}={os.environ[ENV]!r} is not one of {MODES}")
+        raise ValueError(f"{ENV}={value!r} is not one of {MODES}")
     return mode
 
 
@@ -80,10 +88,22 @@ def status() -> IpexStatus:
     return IpexStatus(True, version, f"{DISTRIBUTION} {version} matches torch {torch.__version__}")
 
 
-def wanted(mode: str, dtype: torch.dtype | None, current: IpexStatus) -> tuple[bool, str]:
-    """Whether to use IPEX for a model that will run in `dtype`, and why (one line for describe())."""
+@functools.cache
+def native(mode: str, dtype: torch.dtype | None) -> tuple[bool, str] | None:
+    """`wanted`'s answer where it needs no `status()`: IPEX is off, or `auto` leaves `dtype` to PyTorch; else None."""
     if mode == "off":
         return False, f"not used: {ENV}=off"
+    if mode == "auto" and dtype != torch.bfloat16:
+        return False, f"not used for {dtype or 'the model dtype'}: no faster than native here ({ENV}=on forces it)"
+    return None
+
+
+def wanted(mode: str, dtype: torch.dtype | None, current: IpexStatus | None) -> tuple[bool, str]:
+    """Whether to use IPEX for a model that will run in `dtype`, and why (one line for describe()); `current`
+    is read only where `native` has no answer."""
+    decided = native(mode, dtype)
+    if decided is not None:
+        return decided
     if mode == "on":
         if not current.loadable:
             raise IpexUnavailableError(
@@ -93,8 +113,6 @@ def wanted(mode: str, dtype: torch.dtype | None, current: IpexStatus) -> tuple[b
         return True, f"used ({ENV}=on; {current.reason})"
     if not current.loadable:
         return False, f"not used: {current.reason}"
-    if dtype != torch.bfloat16:
-        return False, f"not used for {dtype or 'the model dtype'}: no faster than native here ({ENV}=on forces it)"
     return True, f"used for bf16 ({current.reason}; measured faster than native bf16 here)"
 
 

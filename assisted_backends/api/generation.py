@@ -76,6 +76,12 @@ class AssistedGenerator:
         self.facts = ModelFacts.of(self.model)
         self.draft_facts = ModelFacts.of(self.assistant_model) if self.assistant_model is not None else None
 
+    def _set_threads(self) -> None:
+        """torch's thread count for a call (`api.threads.for_call`), unless a call without `threads=` finds it
+        where the previous call left it."""
+        if self.threads is not None or torch.get_num_threads() != cpu_threads.settled:
+            cpu_threads.for_call(self.model, self.backend.device, self.threads)
+
     def plan(
         self,
         input_ids: torch.Tensor | None = None,
@@ -115,7 +121,7 @@ class AssistedGenerator:
     def generate(self, input_ids: torch.Tensor | None = None, *, streamer=None, **arguments: Any) -> GenerateResult:
         """Plan and run one call (arguments as `generate` takes them, models and device excepted)."""
         plan = self.plan(input_ids, streaming=streamer is not None, **arguments)
-        cpu_threads.for_call(self.model, self.backend.device, self.threads)
+        self._set_threads()
         return run(plan, self.model, self.facts, self.backend, self.assistant_model, streamer)
 
     def generate_many(
@@ -128,7 +134,7 @@ class AssistedGenerator:
     ) -> QueueResult:
         """Many prompts through `slots` batch rows, a slot refilled as soon as its row ends (`api.queue`): a
         `QueueResult` with each prompt's new tokens, in the prompts' order (`on_finish(i, tokens)` as each ends)."""
-        cpu_threads.for_call(self.model, self.backend.device, self.threads)
+        self._set_threads()
         return generate_many(self, prompts, slots=slots, on_finish=on_finish, **arguments)
 
 

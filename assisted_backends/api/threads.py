@@ -38,6 +38,9 @@ class ThreadChoice:
 _IMPORT_THREADS = torch.get_num_threads()  # torch's count when the package loaded: a change is the caller's
 _chosen: ThreadChoice | None = None  # this process's decision, once made
 _applied: int | None = None  # the count this module last set: torch's count differing from it is the caller's
+# torch's count at which a call without `threads=` has nothing to do: `for_call` left it so, and nothing here
+# changed since (None: ask `for_call`). Callers compare it with torch.get_num_threads() and skip the call.
+settled: int | None = None
 
 
 def capped(threads: int, what: str = "threads") -> tuple[int, str | None]:
@@ -51,8 +54,8 @@ def capped(threads: int, what: str = "threads") -> tuple[int, str | None]:
 
 
 def _apply(count: int) -> int:
-    global _applied
-    _applied = affinity.set_threads(count)
+    global _applied, settled
+    _applied, settled = affinity.set_threads(count), None
     return _applied
 
 
@@ -69,14 +72,14 @@ def set_threads(threads: int | None = None) -> int:
 
 def adopt(choice: ThreadChoice) -> None:
     """Record a count a front end chose itself (the command line's probe), so that calls do not probe again."""
-    global _chosen, _applied
-    _chosen, _applied = choice, choice.threads
+    global _chosen, _applied, settled
+    _chosen, _applied, settled = choice, choice.threads, None
 
 
 def forget() -> None:
     """Drop the process's decision: the next CPU call measures again (tests; a machine whose load changed)."""
-    global _chosen
-    _chosen = None
+    global _chosen, settled
+    _chosen, settled = None, None
 
 
 def current() -> ThreadChoice | None:
@@ -125,7 +128,7 @@ def _fixed_by_caller() -> ThreadChoice | None:
 def for_call(model, device: torch.device, threads: int | None = None) -> ThreadChoice | None:
     """Set torch's threads for one call on `model`: `threads` when given (capped at the usable cores), else the
     process's decision, made now (a probe on `model`) when none exists. None off the CPU."""
-    global _chosen
+    global _chosen, settled
     if device.type != "cpu":
         return None
     if threads is not None:
@@ -133,18 +136,18 @@ def for_call(model, device: torch.device, threads: int | None = None) -> ThreadC
         if warning is not None and torch.get_num_threads() != count:
             print(f"assisted_backends: warning: {warning}", file=sys.stderr)
         return ThreadChoice(_apply(count), "threads=", "asked for")
-    if _chosen is not None:
-        if torch.get_num_threads() != _applied:  # changed since by torch.set_num_threads: the caller's
-            _chosen = ThreadChoice(_apply(torch.get_num_threads()), "torch.set_num_threads", "set by the caller")
-        elif _applied != _chosen.threads:  # an earlier call's threads=: back to the process's choice
-            _apply(_chosen.threads)
-        return _chosen
-    from assisted_backends.distributed.launch import launch_context
+    if _chosen is None:
+        from assisted_backends.distributed.launch import launch_context
 
-    choice = _fixed_by_caller()
-    if choice is None:
-        cores = affinity.usable_cores()
-        start = ThreadChoice(_apply(cores), "usable cores", f"{cores} usable core(s)")
-        choice = start if cores < 2 or launch_context() is not None else probe(start, model, device, cores)
-    adopt(choice)
-    return choice
+        choice = _fixed_by_caller()
+        if choice is None:
+            cores = affinity.usable_cores()
+            start = ThreadChoice(_apply(cores), "usable cores", f"{cores} usable core(s)")
+            choice = start if cores < 2 or launch_context() is not None else probe(start, model, device, cores)
+        adopt(choice)
+    elif torch.get_num_threads() != _applied:  # changed since by torch.set_num_threads: the caller's
+        _chosen = ThreadChoice(_apply(torch.get_num_threads()), "torch.set_num_threads", "set by the caller")
+    elif _applied != _chosen.threads:  # an earlier call's threads=: back to the process's choice
+        _apply(_chosen.threads)
+    settled = _applied
+    return _chosen

@@ -33,10 +33,9 @@ from transformers import GenerationConfig, PreTrainedModel
 from assisted_backends.api import threads as cpu_threads
 from assisted_backends.api.plan import CallSettings, GenerationPlan, plan_generation
 from assisted_backends.api.queue import DEFAULT_SLOTS, PromptLike, QueueResult, generate_many
-from assisted_backends.api.run import GenerateResult, run
+from assisted_backends.api.run import GenerateResult, launched_ranks, run
 from assisted_backends.backends.base import Backend, BackendOptions, unprepared
 from assisted_backends.backends.registry import resolve_backend
-from assisted_backends.distributed import agreement
 from assisted_backends.loading import models
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
@@ -115,7 +114,7 @@ class AssistedGenerator:
             stopping_criteria=stopping_criteria,
             logits_processor=logits_processor,
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-            multi_rank=agreement.RankAgreement.current() is not None,
+            multi_rank=launched_ranks() is not None,
         )
 
     def generate(self, input_ids: torch.Tensor | None = None, *, streamer=None, **arguments: Any) -> GenerateResult:

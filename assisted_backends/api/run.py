@@ -5,6 +5,7 @@ processors of its first rows, and returns the buffer whose `results` hold every 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,13 @@ class QueueSettings:
     first_processors: list[list]
 
 
+def launched_ranks() -> agreement.RankAgreement | None:
+    """The multi-rank launch this process is part of (`RankAgreement.current`); None, without asking, where no
+    process group was started."""
+    distributed = torch.distributed
+    return agreement.RankAgreement.current() if distributed.is_available() and distributed.is_initialized() else None
+
+
 def run(
     plan: GenerationPlan,
     model: PreTrainedModel,
@@ -82,7 +90,7 @@ def decode_plan(
     prompts too); the models' training flags are restored afterwards. The committed tokens' scores and logits
     are recorded only when asked for (else None)."""
     options = plan.options
-    ranks = agreement.RankAgreement.current()  # multi-rank launch: same seed, γ, tokens (None: one process)
+    ranks = launched_ranks()  # multi-rank launch: same seed, γ, tokens (None: one process)
     seed = plan.seed
     if ranks is not None:
         prompts = queue.agreed_prompts if queue is not None else options.input_ids
@@ -142,7 +150,8 @@ def decode_plan(
         record = CommittedScores(len(options.user_pad), outputs.logits, outputs.scores) if wants_outputs else None
         if sink is not None:
             sink.start(options.input_ids)
-        with agreement.watched(ranks, buffer, stats):  # multi-rank: errors name rank and step; tokens compared
+        # multi-rank: errors name rank and step; tokens compared
+        with agreement.watched(ranks, buffer, stats) if ranks is not None else nullcontext():
             decode(
                 target=target_runner,
                 drafter=drafter,

@@ -43,6 +43,22 @@ from assisted_backends.options import ranges
 __all__ = ["AssistedGenerator", "GenerateResult", "generate", "generate_queue"]
 
 ModelArgument = PreTrainedModel | str | os.PathLike
+NAMES = (str, os.PathLike)  # model arguments that name a directory, a .gguf file or a Hub id (`loading.models`)
+
+
+def check_materialized(model: Any, argument: str) -> None:
+    """A model whose weights are on the meta device (no values: built under `init_empty_weights`,
+    `device_map="meta"` or `torch.device("meta")`) is refused in one line, before torch's own error (whose advice,
+    `to_empty()`, would give uninitialised weights)."""
+    parameters = getattr(model, "parameters", None)
+    if not callable(parameters):
+        return
+    if any(parameter.is_meta for parameter in parameters()):
+        raise ValueError(
+            f"{argument}: its weights are on the meta device (shapes without values); load it with real weights "
+            "(from_pretrained without device_map='meta' or init_empty_weights, or load_state_dict(..., assign=True)) "
+            "before generating"
+        )
 
 
 class AssistedGenerator:
@@ -68,9 +84,14 @@ class AssistedGenerator:
         ranges.check_integer("threads", threads, minimum=1)
         self.threads = threads
         model, assistant_model = unprepared(model), unprepared(assistant_model)  # a backend's wrapper: its model
-        self.model, self.assistant_model, self.tokenizer, self.assistant_tokenizer = models.load_arguments(
-            model, assistant_model, tokenizer, assistant_tokenizer, dtype, draft_precision
-        )
+        if isinstance(model, NAMES) or isinstance(assistant_model, NAMES):
+            model, assistant_model, tokenizer, assistant_tokenizer = models.load_arguments(
+                model, assistant_model, tokenizer, assistant_tokenizer, dtype, draft_precision
+            )
+        check_materialized(model, "model")
+        check_materialized(assistant_model, "assistant_model")
+        self.model, self.assistant_model = model, assistant_model
+        self.tokenizer, self.assistant_tokenizer = tokenizer, assistant_tokenizer
         self.backend = backend or resolve_backend(device, BackendOptions(dtype, draft_precision, bucket_size))
         self.facts = ModelFacts.of(self.model)
         self.draft_facts = ModelFacts.of(self.assistant_model) if self.assistant_model is not None else None

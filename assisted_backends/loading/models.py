@@ -142,21 +142,6 @@ def saved_generation_config(name: str | os.PathLike, what: str = "model") -> dic
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def check_materialized(model, argument: str) -> None:
-    """A model whose weights are on the meta device (no values: built under `init_empty_weights`,
-    `device_map="meta"` or `torch.device("meta")`) is refused in one line, before torch's own error (whose advice,
-    `to_empty()`, would give uninitialised weights)."""
-    parameters = getattr(model, "parameters", None)
-    if not callable(parameters):
-        return
-    if any(parameter.is_meta for parameter in parameters()):
-        raise ValueError(
-            f"{argument}: its weights are on the meta device (shapes without values); load it with real weights "
-            "(from_pretrained without device_map='meta' or init_empty_weights, or load_state_dict(..., assign=True)) "
-            "before generating"
-        )
-
-
 def load_arguments(
     model, assistant_model, tokenizer, assistant_tokenizer, dtype: str | None = None, draft_precision: str | None = None
 ) -> tuple:
@@ -169,8 +154,6 @@ def load_arguments(
         model = load_model(model_name, "model", dtype)
     if draft_name is not None:
         assistant_model = load_model(draft_name, "assistant_model", draft_precision or dtype)
-    check_materialized(model, "model")
-    check_materialized(assistant_model, "assistant_model")
     named = model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None
     if named and not is_eagle_head(assistant_model):  # an EAGLE-3 head drafts in the target's vocabulary
         if model.get_input_embeddings().num_embeddings != assistant_model.get_input_embeddings().num_embeddings:

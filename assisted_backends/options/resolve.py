@@ -242,7 +242,8 @@ def resolve(
     prompt_length = input_ids.shape[1]
     length_set = user_set("max_length", explicit, generation_config, own) is not None
     config_limit, by_default = _config_limit(config, length_set, prompt_length, facts)
-    criteria = build_criteria(model, config, stopping_criteria, tokenizer)
+    asked = stopping_criteria is not None or getattr(config, "stop_strings", None) is not None
+    criteria = build_criteria(model, config, stopping_criteria, tokenizer) if asked else Criteria([])
     if by_default and criteria.max_length is None:
         warnings.warn(
             f"no max_new_tokens or max_length given: generating up to {config_limit} new tokens (transformers' "
@@ -258,7 +259,7 @@ def resolve(
         config=config,
         input_ids=input_ids,
         user_pad=user_pad,
-        max_new_tokens=criteria.max_new_tokens(config_limit, prompt_length),
+        max_new_tokens=criteria.max_new_tokens(config_limit, prompt_length) if asked else config_limit,
         eos_ids=criteria.eos_ids if criteria.eos_ids is not None else (eos_ids or None),
         pad_id=pad_id if pad_id is not None else 0,
         sampling=sampling,

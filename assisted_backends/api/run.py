@@ -95,10 +95,12 @@ def decode_plan(
     if ranks is not None:
         prompts = queue.agreed_prompts if queue is not None else options.input_ids
         seed = ranks.start(seed, options.sampling.do_sample, prompts, plan.agreed_values())
-    with model_state.restored(model, assistant_model):  # training mode back as it was after the call
+    # training mode back as it was after the call (nothing to put back where no module trains)
+    with model_state.restored(model, assistant_model) if _training(model, assistant_model) else nullcontext():
         target = backend.prepare(model, "target")
         draft = backend.prepare(assistant_model, "draft") if plan.draft.runs_draft_model else None
-        model_state.evaluation_mode(target, draft)  # every call: the caller may have called .train() since
+        if _training(target, draft):  # every call: the caller may have called .train() since
+            model_state.evaluation_mode(target, draft)
         device = backend.device
         pads = plan.row_pads
         buffer = TokenBuffer(
@@ -172,6 +174,11 @@ def decode_plan(
                 stats=stats,
             )
     return buffer, stats, record
+
+
+def _training(*models: torch.nn.Module | None) -> bool:
+    """Whether a module of `models` is in training mode (`api.model_state` has nothing to do where none is)."""
+    return any(module.training for model in models if model is not None for module in model.modules())
 
 
 def _sequences(input_ids: torch.Tensor, new_tokens: dict[int, torch.Tensor], pad_id: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from assisted_backends import hf_compat
-from assisted_backends.quantized.linear import quantized_kernels
+from assisted_backends.quantized.linear import QUANTIZED_MARKER, quantized_kernels
 
 # Config names of a model's position limit; "max_seq_len" (MPT, DBRX) sizes a bias table indexed by key length.
 POSITION_LIMIT_NAMES = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
@@ -79,7 +79,7 @@ class ModelFacts:
             hidden_size=hidden if isinstance(hidden := getattr(config, "hidden_size", None), int) else None,
             weight_bytes=step_weight_bytes(model),
             activation_dtype=hf_compat.activation_dtype(model),
-            quantized_kernels=quantized_kernels(model),
+            quantized_kernels=quantized_kernels(model) if hasattr(model, QUANTIZED_MARKER) else frozenset(),
         )
 
     def check_rollback(self, role: str) -> None:

@@ -306,6 +306,11 @@ def quantize_model(
     return model
 
 
+# Set on every model the package quantized (`quantize_model`, the GGUF loader of `quantized.model`): only such a
+# model can hold quantized layers, so callers search no other model for them.
+QUANTIZED_MARKER = "quantization_report"
+
+
 def quantized_scheme(model: nn.Module) -> str | None:
     """The scheme of `model`'s quantized layers ("int8", "int4", "int8+int4" for a mix), or None if it has none."""
     schemes = sorted({m.scheme for m in model.modules() if isinstance(m, QuantizedLinear)})

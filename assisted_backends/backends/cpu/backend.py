@@ -33,13 +33,10 @@ from assisted_backends.backends.base import Backend, ModelRole, dtype_name
 from assisted_backends.backends.cpu import affinity, cpu_features, invariant_attention, ipex, precision, quantize
 from assisted_backends.quantized import kernels
 from assisted_backends.quantized.fusion import fuse_projections
-from assisted_backends.quantized.linear import kernel_report, quantize_model, quantized_scheme
+from assisted_backends.quantized.linear import QUANTIZED_MARKER, kernel_report, quantize_model, quantized_scheme
 
 PREPARED_ATTRIBUTE = "_assisted_backends_cpu"  # the preparation a model already went through
 VERIFY_ATTRIBUTE = "_assisted_backends_verify"  # a quantized target's attention and verify-pass invariance
-# Set on every model the package's quantizers made (`quantized.linear.quantize_model`, the GGUF loader of
-# `quantized.model`): only such a model can hold quantized layers, so no other model is searched for them.
-QUANTIZED_MARKER = "quantization_report"
 _COPIES: WeakKeyDictionary[torch.nn.Module, dict[tuple, torch.nn.Module]] = WeakKeyDictionary()
 _CAST_FROM: WeakKeyDictionary[torch.nn.Module, torch.dtype] = WeakKeyDictionary()  # dtype before our in-place cast
 

@@ -86,12 +86,12 @@ def head_step_seconds(head, target, prompt: torch.Tensor, repeats: int = 15) -> 
     prepared = prepared_head(head, target)
     config = prepared.config
     length = prompt.shape[1]
-    weight = prepared.fc.weight
+    dtype, device = prepared.compute_dtype, prepared.compute_device
     cache = HeadCache(1, config.num_key_value_heads, config.attention_head_dim, length + 8,
-                      torch.zeros(1, dtype=torch.long), False, weight.dtype, weight.device)  # fmt: skip
+                      torch.zeros(1, dtype=torch.long), False, dtype, device)  # fmt: skip
     cache.length = length
     vocab = ModelFacts.of(target).vocab_size
-    token, hidden = prompt[:, -1:], torch.randn(1, 1, config.hidden_size, dtype=weight.dtype)
+    token, hidden = prompt[:, -1:], torch.randn(1, 1, config.hidden_size, dtype=dtype)
     position = torch.tensor([[length]])
 
     def step() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
 SEVEN_B_LLAMA = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
@@ -19,3 +20,10 @@ def claiming_7b(source: Path) -> Path:
         config = json.loads((target / "config.json").read_text())
         (target / "config.json").write_text(json.dumps({**config, **SEVEN_B_LLAMA}, indent=2))
     return target
+
+
+def interruptible() -> None:
+    """`preexec_fn` for a child that a test interrupts: SIGINT back to its default, so that the child's Python
+    raises KeyboardInterrupt even where the test runs in a shell's background job (which ignores SIGINT, and
+    its children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

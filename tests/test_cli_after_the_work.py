@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_fixtures import interruptible
 from gguf_fixtures import write_llama_gguf
 from tiny_models import tiny_model
 
@@ -112,7 +113,7 @@ def test_ctrl_c_prints_the_text_generated_so_far():
     command = [sys.executable, "-m", "assisted_backends.cli", "--max-new-tokens", "3000", "--threads", "1"]
     run = subprocess.Popen(command,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=interruptible)  # fmt: skip
     seen = []
     while not seen or not (seen[-1].startswith("cpu:") or not seen[-1]):  # the summary: generation starts now
         seen.append(run.stderr.readline())
@@ -128,7 +129,7 @@ def test_ctrl_c_prints_the_text_generated_so_far():
 def test_ctrl_c_in_a_batched_run_prints_the_finished_prompts():
     run = subprocess.Popen([sys.executable, "-m", "assisted_backends.cli", "--max-new-tokens", "3000", "--threads", "1",
                             "--batch-size", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=interruptible)  # fmt: skip
     seen = []
     while not seen or not (seen[-1].startswith("cpu:") or not seen[-1]):
         seen.append(run.stderr.readline())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_fixtures import claiming_7b
+from cli_fixtures import claiming_7b, interruptible
 from tiny_models import tiny_model
 
 from assisted_backends.backends.cpu import affinity
@@ -233,6 +233,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_rows(pair, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
+        preexec_fn=interruptible,
     )
     seen = []
     for line in process.stderr:

@@ -13,10 +13,9 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from assisted_backends.engine.drafter import DraftFailedWarning, Drafter, GuardedDrafter, Proposal
+from assisted_backends.engine.drafter import Drafter, DraftFailedWarning, GuardedDrafter, Proposal
 from assisted_backends.engine.kv_cache import DynamicLayout
-from assisted_backends.engine.loop import LoopSettings
-from assisted_backends.engine.round import prefill, speculative_round
+from assisted_backends.engine.round import LoopSettings, prefill, speculative_round
 from assisted_backends.engine.rows import LiveRows
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import SamplingConfig, TokenSelector

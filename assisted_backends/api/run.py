@@ -19,8 +19,9 @@ from assisted_backends.distributed import agreement
 from assisted_backends.drafters.factory import build_drafter
 from assisted_backends.engine.joins import Refill
 from assisted_backends.engine.kv_cache import make_layout
-from assisted_backends.engine.loop import LoopSettings, decode
+from assisted_backends.engine.loop import decode
 from assisted_backends.engine.outputs import CommittedScores
+from assisted_backends.engine.round import LoopSettings
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.stats import GenerationStats

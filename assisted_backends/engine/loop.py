@@ -14,34 +14,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from assisted_backends.engine.drafter import Drafter, GuardedDrafter
 from assisted_backends.engine.head_on_demand import HeadSplit
 from assisted_backends.engine.joins import Refill, ends_at_once, free_slots, make_room, prefill_row
-from assisted_backends.engine.outputs import CommittedScores
-from assisted_backends.engine.round import choose_first, prefill, speculative_round
+from assisted_backends.engine.round import LoopSettings, choose_first, prefill, speculative_round
 from assisted_backends.engine.rows import LiveRows
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.schedule import DraftSchedule
 from assisted_backends.engine.stats import GenerationStats
-from assisted_backends.engine.stopping import StopCheck
 from assisted_backends.engine.tokens import RowStarts, TokenBuffer
-
-
-@dataclass
-class LoopSettings:
-    max_new_tokens: int
-    eos_token_ids: torch.Tensor | None  # [E] or None
-    static_shapes: bool  # always draft γ, always verify γ + 1
-    synchronize: Callable[[], None]
-    stop: StopCheck | None = None  # stop strings / custom criteria, checked on every candidate prefix
-    on_commit: Callable[[list[int]], None] | None = None  # receives the committed tokens of each round
-    record: CommittedScores | None = None  # keeps the logits behind each committed token
-    refill: Refill | None = None  # a queue of prompts taking the slots of rows that end (`engine.joins`)
 
 
 def decode(

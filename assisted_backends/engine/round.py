@@ -17,21 +17,36 @@ guard (`GuardedDrafter`), `HeadSplit` (greedy: the head on demand), and the sett
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from assisted_backends.engine.acceptance import greedy_accept, speculative_accept
 from assisted_backends.engine.drafter import GuardedDrafter, Proposal
 from assisted_backends.engine.head_on_demand import HeadSplit, greedy_accept_on_demand
+from assisted_backends.engine.joins import Refill
+from assisted_backends.engine.outputs import CommittedScores
 from assisted_backends.engine.rows import LiveRows
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector, sample
 from assisted_backends.engine.schedule import RoundObservation
+from assisted_backends.engine.stopping import StopCheck
 from assisted_backends.engine.tokens import RowStarts, TokenBuffer
 
-if TYPE_CHECKING:
-    from assisted_backends.engine.loop import LoopSettings
+
+@dataclass
+class LoopSettings:
+    """What the call asks of every round (and of the loop: `synchronize`, `refill`)."""
+
+    max_new_tokens: int
+    eos_token_ids: torch.Tensor | None  # [E] or None
+    static_shapes: bool  # always draft γ, always verify γ + 1
+    synchronize: Callable[[], None]
+    stop: StopCheck | None = None  # stop strings / custom criteria, checked on every candidate prefix
+    on_commit: Callable[[list[int]], None] | None = None  # receives the committed tokens of each round
+    record: CommittedScores | None = None  # keeps the logits behind each committed token
+    refill: Refill | None = None  # a queue of prompts taking the slots of rows that end (`engine.joins`)
 
 
 def speculative_round(

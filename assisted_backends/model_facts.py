@@ -12,7 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from assisted_backends import hf_compat
-from assisted_backends.quantized.linear import QUANTIZED_MARKER, quantized_kernels
+
+# Set on every model the package quantized (`quantized.linear.quantize_model`, the GGUF loader of `quantized.model`):
+# only such a model can hold quantized layers, so callers search no other model for them.
+QUANTIZED_MARKER = "quantization_report"
 
 # Config names of a model's position limit; "max_seq_len" (MPT, DBRX) sizes a bias table indexed by key length.
 POSITION_LIMIT_NAMES = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
@@ -79,7 +82,7 @@ class ModelFacts:
             hidden_size=hidden if isinstance(hidden := getattr(config, "hidden_size", None), int) else None,
             weight_bytes=step_weight_bytes(model),
             activation_dtype=hf_compat.activation_dtype(model),
-            quantized_kernels=quantized_kernels(model) if hasattr(model, QUANTIZED_MARKER) else frozenset(),
+            quantized_kernels=quantized_kernels(model),
         )
 
     def check_rollback(self, role: str) -> None:
@@ -149,6 +152,14 @@ def logical_parameter_count(model: torch.nn.Module) -> int:
         has_bias = (callable(bias) and bias() is not None) or isinstance(bias, torch.Tensor)
         total += rows * cols + (rows if has_bias and not isinstance(bias, torch.nn.Parameter) else 0)
     return total
+
+
+def quantized_kernels(model: torch.nn.Module) -> frozenset[str]:
+    """The kernels a quantized model's layers run on (their `kernel`: "blocks" for the package's, "aten" for
+    PyTorch's); empty for a model the package did not quantize (no `QUANTIZED_MARKER`)."""
+    if not hasattr(model, QUANTIZED_MARKER):
+        return frozenset()
+    return frozenset(kind for m in model.modules() if isinstance(kind := getattr(m, "kernel", None), str))
 
 
 def _tensor_key(tensor: torch.Tensor) -> tuple[int, int]:

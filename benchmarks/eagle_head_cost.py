@@ -23,8 +23,9 @@ from assisted_backends import AssistedGenerator
 from assisted_backends.drafters.eagle.build import prepared_head
 from assisted_backends.drafters.eagle.cache import HeadCache
 from assisted_backends.drafters.eagle.config import default_feature_layers
+from assisted_backends.drafters.eagle.copies import step_bytes
 from assisted_backends.drafters.eagle.head import Eagle3Head
-from assisted_backends.drafters.eagle.precision import choose_precision, step_bytes
+from assisted_backends.drafters.eagle.precision import choose_precision
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.quantized.linear import kernel_report
 from assisted_backends.train_draft.head_init import head_config

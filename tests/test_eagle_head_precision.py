@@ -17,15 +17,13 @@ from assisted_backends.cli.args import HEAD_PRECISIONS as CLI_CHOICES
 from assisted_backends.cli.args import build_parser
 from assisted_backends.drafters.eagle import load_head, save_head
 from assisted_backends.drafters.eagle.build import draft_costs, head_precision, prepared_head
+from assisted_backends.drafters.eagle.copies import LINEAR_LAYERS, quantized_copy, step_bytes
 from assisted_backends.drafters.eagle.features import LayerTap
 from assisted_backends.drafters.eagle.precision import (
     AUTO_SCHEME,
     HEAD_PRECISIONS,
-    LINEAR_LAYERS,
     HeadPrecisionWarning,
     choose_precision,
-    quantized_copy,
-    step_bytes,
 )
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options.errors import OptionError

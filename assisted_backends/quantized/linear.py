@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from assisted_backends.model_facts import QUANTIZED_MARKER  # noqa: F401 (the marker the quantizers set, here too)
 from assisted_backends.quantized import blocks, extension, kernels
 from assisted_backends.quantized.blocks import BlockWeight
 from assisted_backends.quantized.int4_layout import layout
@@ -306,21 +307,10 @@ def quantize_model(
     return model
 
 
-# Set on every model the package quantized (`quantize_model`, the GGUF loader of `quantized.model`): only such a
-# model can hold quantized layers, so callers search no other model for them.
-QUANTIZED_MARKER = "quantization_report"
-
-
 def quantized_scheme(model: nn.Module) -> str | None:
     """The scheme of `model`'s quantized layers ("int8", "int4", "int8+int4" for a mix), or None if it has none."""
     schemes = sorted({m.scheme for m in model.modules() if isinstance(m, QuantizedLinear)})
     return "+".join(schemes) if schemes else None
-
-
-def quantized_kernels(model: nn.Module) -> frozenset[str]:
-    """The kernels `model`'s quantized layers run on: {"blocks"} (the package's), {"aten"} (PyTorch's), both, or
-    empty for a model without quantized layers."""
-    return frozenset(m.kernel for m in model.modules() if isinstance(m, QuantizedLinear))
 
 
 def kernel_report(model: nn.Module) -> str:

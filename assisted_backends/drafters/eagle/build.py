@@ -15,21 +15,14 @@ from collections.abc import Callable
 import torch
 
 from assisted_backends import hf_compat
+from assisted_backends.drafters.eagle.copies import float_copy, quantized_copy, step_bytes
 from assisted_backends.drafters.eagle.drafter import EagleDrafter
 from assisted_backends.drafters.eagle.features import FeatureStore, LayerTap
 from assisted_backends.drafters.eagle.head import Eagle3Head
-from assisted_backends.drafters.eagle.precision import (
-    HeadPrecision,
-    choose_precision,
-    float_copy,
-    quantized_copy,
-    step_bytes,
-    warn_if_fell_back,
-)
+from assisted_backends.drafters.eagle.precision import HeadPrecision, choose_precision, warn_if_fell_back
 from assisted_backends.engine.runner import ModelRunner
-from assisted_backends.model_facts import ModelFacts
+from assisted_backends.model_facts import ModelFacts, quantized_kernels
 from assisted_backends.options.errors import OptionError
-from assisted_backends.quantized.linear import quantized_kernels
 
 _PREPARED: weakref.WeakKeyDictionary[Eagle3Head, dict[tuple, Eagle3Head]] = weakref.WeakKeyDictionary()
 

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from assisted_backends.train_draft.trainer import TrainSettings
+from assisted_backends.train_draft.trainer import TARGET_PRECISIONS, TrainSettings
 from assisted_backends.train_draft.vocab import DEFAULT_COVERAGE
 
 DEFAULTS = TrainSettings(target="", text=(), output="")
@@ -88,6 +88,9 @@ def parser() -> argparse.ArgumentParser:
                    "checkpoints")  # fmt: skip
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--device", default=DEFAULTS.device, help="auto (a GPU when there is one), cpu, cuda, cuda:N")
+    p.add_argument("--target-precision", choices=TARGET_PRECISIONS, default=DEFAULTS.target_precision,
+                   help="the target's weights while generating the data (default auto: a .gguf on a CPU keeps its "
+                   "quantization, on the package's kernels; else fp32 on a CPU, bf16 on a GPU)")  # fmt: skip
     p.add_argument(
         "--threads",
         type=int,
@@ -133,6 +136,7 @@ def settings_from(args: argparse.Namespace) -> TrainSettings:
         checkpoint_every_s=args.checkpoint_every,
         seed=args.seed,
         device=args.device,
+        target_precision=args.target_precision,
         chat_share=args.chat_share,
         open_share=args.open_share,
         extensions=tuple(args.extensions),

@@ -14,6 +14,7 @@ import torch
 from assisted_backends import hf_compat
 from assisted_backends.drafters.eagle.config import Eagle3Config
 from assisted_backends.drafters.eagle.head import Eagle3Head
+from assisted_backends.train_draft.target_tables import dense_rows
 
 
 def _rope_theta(config) -> float:
@@ -64,8 +65,10 @@ def new_head(
     head = Eagle3Head(head_config(target, d2t, t2d, layers))
     head.d2t.copy_(d2t)
     head.t2d.copy_(t2d)
-    output = target.get_output_embeddings()
-    weight = getattr(output, "weight", None)
+    try:
+        weight = dense_rows(target.get_output_embeddings())
+    except TypeError:  # an output layer of another kind: the head's own initialization stays
+        weight = None
     with torch.no_grad():
         if isinstance(weight, torch.Tensor) and weight.shape[-1] == head.config.hidden_size:
             head.lm_head.weight.copy_(weight[head.mapped_ids().to(weight.device)].float().cpu())

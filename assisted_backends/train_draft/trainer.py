@@ -43,6 +43,7 @@ from assisted_backends.train_draft.corpus import DEFAULT_EXTENSIONS, PromptSourc
 from assisted_backends.train_draft.data import Example, generate_examples
 from assisted_backends.train_draft.head_init import head_config, new_head
 from assisted_backends.train_draft.store import RunDirectory
+from assisted_backends.train_draft.target_tables import dense_rows, model_device
 from assisted_backends.train_draft.vocab import DEFAULT_COVERAGE, choose_vocabulary, coverage, size_for_coverage
 
 
@@ -81,6 +82,7 @@ class TrainSettings:
     progress_bar: bool = True
     chat: str | None = None
     chat_context: int | None = None
+    target_precision: str = "auto"  # `load_target`: a .gguf on a CPU keeps its quantization
 
 
 @dataclass
@@ -117,13 +119,28 @@ def choose_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_target(name: str, device: torch.device):
-    """(target in eval mode, tokenizer): fp32 on a CPU, bf16 on a GPU."""
-    from assisted_backends.loading import models, real_weights
+TARGET_PRECISIONS = ("auto", "file", "fp32", "bf16", "int8", "int4")
 
-    path = str(real_weights.real_model_dir(name)) if name in real_weights.REAL_MODELS else name
-    precision = "fp32" if device.type == "cpu" else "bf16"
-    target = models.load_model(path, "target", precision).to(device).eval()
+
+def load_target(name: str, device: torch.device, precision: str = "auto"):
+    """(target in eval mode, tokenizer) in `precision` (`TARGET_PRECISIONS`; the names of `loading.models`).
+
+    "auto": on a CPU a `.gguf` target (or a real model's) keeps its file's quantization on the package's kernels
+    ("file"): the data generation, most of a CPU run, goes at the quantized path's speed, and the head learns the
+    features of the target it will draft for; any other target fp32 on a CPU, bf16 on a GPU."""
+    from assisted_backends.loading import files, models, real_weights
+
+    if precision not in TARGET_PRECISIONS:
+        raise ValueError(f"target_precision={precision!r}: choose one of {', '.join(TARGET_PRECISIONS)}")
+    real = name in real_weights.REAL_MODELS
+    quantized_file = device.type == "cpu" and (real or files.find_gguf(name, "target") is not None)
+    if precision == "auto":
+        precision = "file" if quantized_file else ("fp32" if device.type == "cpu" else "bf16")
+    if precision in ("file", "int8", "int4"):
+        path = str(real_weights.real_model_gguf(name)) if real else name
+    else:
+        path = str(real_weights.real_model_dir(name)) if real else name
+    target = models.load_model(path, "target", None if precision == "file" else precision).to(device).eval()
     return target, models.load_tokenizer(path, "target")
 
 
@@ -341,15 +358,15 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
     clock = Clock(settings.minutes * 60.0, progress.get("seconds", {}))
     device = choose_device(settings.device)
     if target is None:
-        target, tokenizer = load_target(settings.target, device)
-    device = target.get_input_embeddings().weight.device
+        target, tokenizer = load_target(settings.target, device, settings.target_precision)
+    device = model_device(target)
     chosen = cpu_threads.for_call(target, device)  # measured on a CPU unless the caller fixed it
     dtype = torch.float32
     depth = int(hf_compat.text_config(target).num_hidden_layers)
     layers = default_feature_layers(depth)
     tap = LayerTap(target, layers)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    vocab_size = int(target.get_output_embeddings().weight.shape[0])
+    vocab_size = int(dense_rows(target.get_output_embeddings()).shape[0])
     eos = getattr(target.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
     eos_ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
     bar = Progress(settings)
@@ -442,7 +459,8 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
         config = head_config(target, head_state["d2t"], head_state["t2d"], layers)
         head = Eagle3Head(config)
         head.load_state_dict(head_state)
-    head.use_target_embedding(target.get_input_embeddings().weight.detach().to(dtype))
+    embedding_table = dense_rows(target.get_input_embeddings()).detach()
+    head.use_target_embedding(embedding_table.to(dtype))
     head.to(device)
     head.train()
     parameters = [p for p in head.parameters() if p.requires_grad]
@@ -463,7 +481,7 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
 
     def checkpoint(evaluation: Evaluation | None) -> None:
         run.save_state(head.state_dict(), optimizer.state_dict())
-        embeddings = target.get_input_embeddings().weight if settings.embed_tokens else None
+        embeddings = embedding_table if settings.embed_tokens else None
         save_head(head, run.root, "specforge", target_layers=depth, embeddings=embeddings)
         save_progress(steps=step)
         run.write_report(dict(settings=asdict(settings), steps=step, sequences=len(examples), positions=positions,

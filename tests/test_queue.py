@@ -22,6 +22,7 @@ from tiny_models import noisy_copy, tiny_model
 from assisted_backends import AssistedGenerator, generate, generate_queue
 from assisted_backends.engine import joins
 from assisted_backends.options.errors import OptionError
+from assisted_backends.options.fields import QUEUE_REFUSED
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -240,6 +241,9 @@ def test_what_belongs_to_one_batch_is_refused_by_name(arguments, option):
         generate_queue(target, queue_prompts(), pad_token_id=0, **arguments)
     if isinstance(raised.value, OptionError):
         assert raised.value.option == option
+    if option in QUEUE_REFUSED and option != "max_length":  # the reason comes from the one refusal table
+        # (max_length=30 is refused before the queue looks at it: it leaves no room after the longest prompt)
+        assert QUEUE_REFUSED[option] in str(raised.value)
 
 
 @pytest.mark.parametrize("bad", ([], [[]], [[1.5, 2.0]], torch.ones(3, dtype=torch.long)))

@@ -9,7 +9,7 @@ hands them to `assisted_backends.generate`, which resolves them with `model.gene
 (`options.resolve`); it returns what `model.generate` returns: the sequences tensor, or a
 `GenerateDecoderOnlyOutput` (`sequences`, and `scores` / `logits` when asked) with
 `return_dict_in_generate=True`. Plain calls (no drafter) run through the same loop. What it cannot honour
-is refused by name, never ignored (`REFUSED_ARGUMENTS`, `options.fields.REFUSED`). `disable(model)`
+is refused by name, never ignored (the refusal tables of `options.fields`). `disable(model)`
 restores transformers' own method.
 
 It patches nothing in transformers (only the instance), so it works the same on 4.51, 4.55 and 5.x.
@@ -26,24 +26,6 @@ import torch
 
 from assisted_backends.api.generation import AssistedGenerator, generate
 
-# Arguments of `model.generate` (not GenerationConfig fields) that cannot be served, and why.
-REFUSED_ARGUMENTS = {
-    "negative_prompt_ids": "negative prompts (classifier-free guidance) are not supported",
-    "negative_prompt_attention_mask": "negative prompts (classifier-free guidance) are not supported",
-    "custom_generate": "custom_generate is not supported while assisted_backends is enabled: disable(model) first",
-    "synced_gpus": "synced_gpus (ZeRO-3/FSDP) is not supported: see the DeepSpeed tensor-parallel launch instead",
-    "assistant_tokenizer_kwargs": "not supported: pass assistant_tokenizer=",
-}
-# Output fields whose tensors this package does not return.
-REFUSED_OUTPUTS = {
-    "output_attentions": "attention weights are not returned (the verify pass computes several positions at once)",
-    "output_hidden_states": "hidden states are not returned (the verify pass computes several positions at once)",
-}
-
-
-def _first_set(*values: Any) -> Any:
-    return next((value for value in values if value is not None), None)
-
 
 class AssistedGenerate:
     """The `generate` that `enable` puts on a model instance; `last_stats` holds the latest call's statistics."""
@@ -54,23 +36,9 @@ class AssistedGenerate:
         self.last_stats = None
 
     def __call__(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs: Any):
-        for name, advice in REFUSED_ARGUMENTS.items():
-            value = kwargs.pop(name, None)
-            if value is not None and value is not False:
-                raise NotImplementedError(f"model.generate({name}=...) under assisted_backends.enable: {advice}")
-        configs = (generation_config, getattr(self.model, "generation_config", None))
-        for name, reason in REFUSED_OUTPUTS.items():
-            if _first_set(kwargs.get(name), *(getattr(c, name, None) for c in configs)):
-                raise NotImplementedError(
-                    f"{name}=True is not supported by assisted_backends: {reason}; "
-                    "call assisted_backends.disable(model) for transformers' own generate"
-                )
         input_ids = kwargs.pop("input_ids", None)
         if inputs is not None and input_ids is not None:
             raise ValueError("pass the prompt once: either inputs or input_ids")
-        return_dict = _first_set(
-            kwargs.get("return_dict_in_generate"), *(getattr(c, "return_dict_in_generate", None) for c in configs)
-        )
         with torch.no_grad():
             result = generate(
                 self.model,
@@ -79,7 +47,7 @@ class AssistedGenerate:
                 **{**self.defaults, **kwargs},
             )
         self.last_stats = result.stats
-        if not return_dict:
+        if not result.return_dict:
             return result.sequences
         from transformers.generation.utils import GenerateDecoderOnlyOutput
 

@@ -36,6 +36,7 @@ from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
 from assisted_backends.options.errors import OptionError
+from assisted_backends.options.fields import QUEUE_REFUSED
 from assisted_backends.options.processors import row_logits_processors
 from assisted_backends.options.resolve import user_set
 
@@ -54,7 +55,6 @@ class Planner(Protocol):
 
 DEFAULT_SLOTS = 8
 PromptLike = torch.Tensor | list[int] | tuple[int, ...] | Mapping[str, Any]
-_PER_BATCH = ("attention_mask", "streamer", "token_type_ids", "position_ids", "input_ids")
 
 
 @dataclass
@@ -111,11 +111,15 @@ def left_padded(prompts: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Ten
     return ids, mask
 
 
+def _refuse(name: str) -> OptionError:
+    """What a queue cannot serve (`options.fields.QUEUE_REFUSED`), named."""
+    return OptionError(f"{{name}} is not served by a queue of prompts: {QUEUE_REFUSED[name]}", name=name)
+
+
 def _refuse_per_batch(arguments: dict[str, Any], on_finish) -> None:
-    for name in _PER_BATCH:
+    for name in ("input_ids", "attention_mask", "token_type_ids", "position_ids", "streamer"):
         if arguments.get(name) is not None:
-            advice = "stream finished prompts with on_finish=" if name == "streamer" else "pass unpadded prompts"
-            raise OptionError(f"{{name}} belongs to one batch, not to a queue of prompts: {advice}", name=name)
+            raise _refuse(name)
     if on_finish is not None and not callable(on_finish):
         raise OptionError("{name} must be callable as on_finish(index, tokens)", name="on_finish")
 
@@ -124,19 +128,14 @@ def _refuse_in_plan(plan: GenerationPlan, generator: Planner, arguments: dict[st
     """What the first batch's plan accepted but a queue cannot honour per prompt."""
     options = plan.options
     if options.outputs.scores or options.outputs.logits:
-        raise OptionError("{name} is not served by a queue; call generate() per batch for scores",
-                          name="output_scores" if options.outputs.scores else "output_logits")  # fmt: skip
+        raise _refuse("output_scores" if options.outputs.scores else "output_logits")
     if options.prefix_allowed_tokens_fn is not None:
-        raise OptionError("{name} is not served by a queue (its batch_id would not name the prompt)",
-                          name="prefix_allowed_tokens_fn")  # fmt: skip
+        raise _refuse("prefix_allowed_tokens_fn")
     explicit = {k: v for k, v in arguments.items() if k not in ("generation_config",)}
     configs = (arguments.get("generation_config"), getattr(generator.model, "generation_config", None))
     length_set = user_set("max_length", explicit, *configs) is not None
     if options.config.max_new_tokens is None and (length_set or options.criteria.max_length is not None):
-        raise OptionError(
-            "{name} counts the prompt, and a queue's prompts have different lengths: pass max_new_tokens",
-            name="max_length",
-        )
+        raise _refuse("max_length")
 
 
 def _queue_plan(plan: GenerationPlan, generator: Planner, prompts: list[torch.Tensor], slots: int):

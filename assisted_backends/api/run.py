@@ -40,6 +40,7 @@ class GenerateResult:
     stats: GenerationStats
     scores: tuple[torch.Tensor, ...] | None = None
     logits: tuple[torch.Tensor, ...] | None = None
+    return_dict: bool = False  # `return_dict_in_generate` after the precedence: what `model.generate` returns
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ def run(
     if sink is not None:
         sink.end()
     sequences = _sequences(options.input_ids, buffer.results, options.pad_id)
-    return GenerateResult(sequences, stats, **(record.as_outputs() if record is not None else {}))
+    outputs = record.as_outputs() if record is not None else {}
+    return GenerateResult(sequences, stats, **outputs, return_dict=options.outputs.return_dict)
 
 
 def decode_plan(

@@ -1,4 +1,6 @@
-"""Every GenerationConfig field, classified: honoured, refused by name, or without effect on the tokens.
+"""Every GenerationConfig field, classified: honoured, refused by name, or without effect on the tokens; and
+every refusal of the package, each with its reason, in one place (config fields, `generate` arguments and
+forward inputs, outputs, and what a queue of prompts cannot serve per prompt).
 
 `tests/test_generation_config.py` checks that the three sets cover every field of the installed
 transformers, so a field added by a new release is classified before it can be ignored silently.
@@ -61,3 +63,38 @@ NO_TOKEN_EFFECT = frozenset(
 DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit", "num_assistant_tokens")
 # Output fields of `model.generate` (`return_dict_in_generate` and what the dict holds).
 OUTPUTS = ("return_dict_in_generate", "output_scores", "output_logits", "output_attentions", "output_hidden_states")
+# Arguments of `generate` / `model.generate` (neither GenerationConfig fields nor forward inputs) that cannot be
+# served, and why.
+REFUSED_ARGUMENTS = {
+    "negative_prompt_ids": "negative prompts (classifier-free guidance) are not supported",
+    "negative_prompt_attention_mask": "negative prompts (classifier-free guidance) are not supported",
+    "custom_generate": "custom_generate is not supported: use transformers' own generate (after "
+    "assisted_backends.disable(model) where the model is enabled)",
+    "synced_gpus": "synced_gpus (ZeRO-3/FSDP) is not supported: see the DeepSpeed tensor-parallel launch instead",
+    "assistant_tokenizer_kwargs": "not supported: pass assistant_tokenizer=",
+}
+# Forward inputs a call cannot pass through, and why.
+REFUSED_INPUTS = {
+    "inputs_embeds": "pass input_ids: drafts and rollback work on token ids",
+    "past_key_values": "a caller-provided cache is not supported: the package keeps its own",
+    "cache": "a caller-provided cache is not supported: the package keeps its own",
+    "cache_position": "the package computes cache positions itself",
+    "labels": "labels are for training, not generation",
+}
+# Output fields whose tensors this package does not return, wherever they are set (argument or config).
+REFUSED_OUTPUTS = {
+    "output_attentions": "attention weights are not returned (the verify pass computes several positions at once)",
+    "output_hidden_states": "hidden states are not returned (the verify pass computes several positions at once)",
+}
+# What a queue of prompts (`generate_queue`) cannot serve per prompt, and the fix.
+QUEUE_REFUSED = {
+    "input_ids": "a queue's prompts are its `prompts`: pass unpadded prompts",
+    "attention_mask": "a queue pads its prompts itself: pass unpadded prompts",
+    "token_type_ids": "per-column inputs belong to one batch: pass unpadded prompts",
+    "position_ids": "per-column inputs belong to one batch: pass unpadded prompts",
+    "streamer": "a streamer follows one batch: stream finished prompts with on_finish=",
+    "output_scores": "scores are not served by a queue: call generate() per batch for scores",
+    "output_logits": "logits are not served by a queue: call generate() per batch for logits",
+    "prefix_allowed_tokens_fn": "its batch_id would not name the prompt: call generate() per batch",
+    "max_length": "max_length counts the prompt, and a queue's prompts have different lengths: pass max_new_tokens",
+}

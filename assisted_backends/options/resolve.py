@@ -32,14 +32,6 @@ DEFAULT_NEW_TOKENS = 20  # transformers' default max_length, counted after the p
 COLUMN_INPUTS = ("token_type_ids", "position_ids")
 # Forward arguments `model.generate` accepts that never change the tokens.
 NO_EFFECT_INPUTS = ("logits_to_keep", "num_logits_to_keep", "use_cache", "return_dict")
-# Forward arguments a call cannot pass through, and why.
-REFUSED_INPUTS = {
-    "inputs_embeds": "pass input_ids: drafts and rollback work on token ids",
-    "past_key_values": "a caller-provided cache is not supported: the package keeps its own",
-    "cache": "a caller-provided cache is not supported: the package keeps its own",
-    "cache_position": "the package computes cache positions itself",
-    "labels": "labels are for training, not generation",
-}
 
 
 @dataclass(frozen=True)
@@ -95,9 +87,10 @@ def split_arguments(model: PreTrainedModel, kwargs: dict[str, Any]) -> tuple[dic
     for name, value in kwargs.items():
         if name in known and not name.startswith("_"):
             config_fields[name] = value
-        elif name in REFUSED_INPUTS:
-            if value is not None:
-                raise NotImplementedError(f"generate({name}=...) is not supported: {REFUSED_INPUTS[name]}")
+        elif name in fields.REFUSED_INPUTS or name in fields.REFUSED_ARGUMENTS:
+            if value is not None and value is not False:
+                reason = fields.REFUSED_INPUTS.get(name) or fields.REFUSED_ARGUMENTS[name]
+                raise NotImplementedError(f"generate({name}=...) is not supported: {reason}")
         elif name in COLUMN_INPUTS or name in NO_EFFECT_INPUTS:
             if name in COLUMN_INPUTS and value is not None:
                 inputs[name] = value
@@ -217,6 +210,12 @@ def resolve(
     for given in (generation_config, SimpleNamespace(**explicit)):  # before transformers' own validation
         refuse_unsupported(given)
     own = getattr(model, "generation_config", None)
+    for name, reason in fields.REFUSED_OUTPUTS.items():
+        if user_set(name, explicit, generation_config, own):
+            raise NotImplementedError(
+                f"{name}=True is not supported by assisted_backends: {reason}; leave it unset (or call "
+                "transformers' own generate: assisted_backends.disable(model) where the model is enabled)"
+            )
     drafting = DraftingFields(*(user_set(name, explicit, generation_config, own) for name in fields.DRAFTING))
     outputs = OutputRequest(
         *(bool(user_set(n, explicit, generation_config, own)) for n in fields.OUTPUTS[:3]),

@@ -139,7 +139,7 @@ def _pre_torch_cases(pair: Path) -> dict[str, tuple[list[str], dict[str, str], s
                 "250",
             ],
             {},
-            "--max-new-tokens: prompt (",
+            "+ --max-new-tokens (250) = ",
         ),  # fmt: skip
         "gguf early exit": (["-m", str(pair / "target.gguf"), "--assistant-early-exit", "4"], {}, "between 1 and 3"),
         "uncached Hub id, no network": (["-m", "someone/some-model"], offline_hub, "the Hub cannot be reached"),

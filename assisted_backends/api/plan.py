@@ -104,13 +104,7 @@ def capacity_and_keys(
 def check_target_length(facts: ModelFacts, real_prompt: int, max_new_tokens: int, cache_length: int) -> None:
     """Refuse before generating when the positions or the attended keys (padding included) exceed what the
     target's config allows."""
-    needed = real_prompt + max_new_tokens
-    if facts.max_positions is not None and needed > facts.max_positions:
-        raise OptionError(
-            f"prompt ({real_prompt} tokens) + {{name}} ({max_new_tokens}) = {needed} exceeds the target's "
-            f"{facts.max_positions} positions; shorten the prompt or lower {{name}}",
-            name="max_new_tokens",
-        )
+    ranges.check_positions(real_prompt, max_new_tokens, facts.max_positions)
     if facts.key_limit is not None and cache_length > facts.key_limit[1]:
         raise OptionError(
             f"the target would attend over {cache_length} cached positions (prompt with padding + {{name}}, the "

@@ -30,6 +30,7 @@ FLAGS = {
     "top_k": "--top-k",
     "repetition_penalty": "--repetition-penalty",
     "max_new_tokens": "--max-new-tokens",
+    "new_tokens": "--new-tokens",
     "num_assistant_tokens": "--num-assistant-tokens",
     "bucket_size": "--bucket-size",
     "prompt_lookup_num_tokens": "--prompt-lookup",

@@ -20,6 +20,7 @@ from assisted_backends.cli.errors import CLIError
 from assisted_backends.cli.loading import default_assistant, too_large_default
 from assisted_backends.cli.model_files import ModelFiles
 from assisted_backends.extras import install_hint
+from assisted_backends.options import ranges
 
 INSTALL_PLOT = install_hint("plot")
 
@@ -109,11 +110,7 @@ def check_target(args: argparse.Namespace, target: ModelFiles) -> None:
         raise CLIError(
             "--chat/--system: this model's tokenizer has no chat template (not an instruct model); drop them"
         )
-    layers, depth = target.layers, args.assistant_early_exit
-    if depth is not None and layers is not None and not 1 <= depth < layers:
-        raise CLIError(
-            f"--assistant-early-exit must be between 1 and {layers - 1} (the target has {layers} layers), got {depth}"
-        )
+    ranges.check_early_exit(args.assistant_early_exit, target.layers)  # the API's own rule, on config.json's values
     check_length(args, target)
 
 
@@ -135,19 +132,14 @@ def check_length(args: argparse.Namespace, target: ModelFiles) -> None:
         return
     if args.task == "benchmark":
         prompt, new = max(p for p, _ in benchmark_cases(args)), max(n for _, n in benchmark_cases(args))
-        flags = "--prompt-lengths + --new-tokens"
     else:
-        prompt, new, flags = _prompt_tokens(args, target), args.max_new_tokens, "--max-new-tokens"
+        prompt, new = _prompt_tokens(args, target), args.max_new_tokens
         if prompt is None:  # the prompt is not known yet: at least the new tokens must fit
             if new >= limit:
                 raise CLIError(f"--max-new-tokens {new} leaves no room for a prompt in the target's {limit} "
                                "positions (config.json); lower --max-new-tokens")  # fmt: skip
             return
-    if prompt + new > limit:
-        raise CLIError(
-            f"{flags}: prompt ({prompt} tokens) + {new} new tokens = {prompt + new} exceeds the target's {limit} "
-            f"positions (config.json); shorten the prompt or lower {flags.split(' + ')[-1]}"
-        )
+    ranges.check_positions(prompt, new, limit, "new_tokens" if args.task == "benchmark" else "max_new_tokens")
 
 
 SAVED_DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit")  # a checkpoint may ask for these itself

@@ -29,6 +29,7 @@ from assisted_backends.drafters.prompt_lookup import PromptLookupDrafter
 from assisted_backends.engine.drafter import Drafter
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.model_facts import ModelFacts
+from assisted_backends.options import ranges
 from assisted_backends.options.errors import OptionError
 
 DraftKind = Literal["none", "draft_model", "translated", "prompt_lookup", "early_exit", "eagle"]
@@ -98,12 +99,7 @@ def plan_drafting(
     if lookup_tokens is not None:
         return DraftSpec("prompt_lookup", lookup_tokens=lookup_tokens, cost_ratio=0.0)
     if exit_layers is not None:
-        if not 1 <= exit_layers < target.layers:
-            raise OptionError(
-                f"{{name}} must be between 1 and {target.layers - 1} (the target has {target.layers} layers), "
-                f"got {exit_layers}",
-                name="assistant_early_exit",
-            )
+        ranges.check_early_exit(exit_layers, target.layers)
         return DraftSpec("early_exit", exit_layers=exit_layers, cost_ratio=exit_layers / target.layers)
     if assistant_model is None:
         return DraftSpec()

@@ -93,3 +93,22 @@ def check_shapes(cache_layout: str | None, static_shapes: bool, schedule: str | 
             constant=("schedule", "constant"),
         )
     check_integer("bucket_size", bucket_size, minimum=1)
+
+
+def check_early_exit(depth: int | None, layers: int | None) -> None:
+    """An early-exit draft of `depth` layers stops before the target's last of `layers` (1 <= depth < layers)."""
+    if depth is not None and layers is not None and not 1 <= depth < layers:
+        raise OptionError(
+            f"{{name}} must be between 1 and {layers - 1} (the target has {layers} layers), got {depth}",
+            name="assistant_early_exit",
+        )
+
+
+def check_positions(prompt_tokens: int, new_tokens: int, limit: int | None, name: str = "max_new_tokens") -> None:
+    """The prompt and the new tokens fit the target's `limit` positions (its config's)."""
+    if limit is not None and prompt_tokens + new_tokens > limit:
+        raise OptionError(
+            f"prompt ({prompt_tokens} tokens) + {{name}} ({new_tokens}) = {prompt_tokens + new_tokens} exceeds the "
+            f"target's {limit} positions; shorten the prompt or lower {{name}}",
+            name=name,
+        )

@@ -4,7 +4,14 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The helpers here (tiny_models, ...) and every folder's test modules, which share fixtures across folders
+# (`from test_batches import prompts`): tests/<folder> mirrors assisted_backends/<folder>.
+sys.path.insert(0, HERE)
+for folder in sorted(os.listdir(HERE)):
+    path = os.path.join(HERE, folder)
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "__init__.py")):
+        sys.path.append(path)
 torch.set_num_threads(min(2, torch.get_num_threads()))
 from assisted_backends.api.threads import set_threads  # noqa: E402
 

@@ -1,7 +1,7 @@
 """One rank of a `torchrun --nproc_per_node 2` launch that calls `assisted_backends.generate` directly
 (and `generate_queue`: the cases with `queue=True` run QUEUE through two slots, rows joining as others end).
 
-Launched by tests/test_deepspeed_rank_agreement.py (not collected by pytest). Each rank joins the
+Launched by tests/distributed/test_deepspeed_rank_agreement.py (not collected by pytest). Each rank joins the
 group, shards the target with DeepSpeed AutoTP, runs every case of `CASES` and writes its tokens
 (or the error each call raised) to `<out>/rank<r>.json`. `--stall-rank R --stall-at N` makes rank R
 sleep `--stall-s` seconds at the Nth call of `--stall-in` (the target's forward, or the per-round

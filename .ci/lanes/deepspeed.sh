@@ -17,4 +17,4 @@ python=${PYTHON:-python}
 export DS_ACCELERATOR=cpu
 export ASSISTED_BACKENDS_DEEPSPEED_LANE=1  # the tests fail instead of skipping if deepspeed is missing
 source .ci/pytest_lane.sh
-run_pytest "$python" -q -rs tests/test_deepspeed_*.py tests/test_rank_agreement.py "$@"
+run_pytest "$python" -q -rs tests/distributed "$@"

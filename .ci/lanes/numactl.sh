@@ -17,4 +17,4 @@ numactl --show
 
 export ASSISTED_BACKENDS_NUMACTL_LANE=1
 source .ci/pytest_lane.sh
-run_pytest "$python" -q -rs tests/test_xeon_affinity.py "$@"
+run_pytest "$python" -q -rs tests/backends/test_xeon_affinity.py "$@"

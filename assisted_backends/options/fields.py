@@ -2,7 +2,7 @@
 every refusal of the package, each with its reason, in one place (config fields, `generate` arguments and
 forward inputs, outputs, and what a queue of prompts cannot serve per prompt).
 
-`tests/test_generation_config.py` checks that the three sets cover every field of the installed
+`tests/options/test_generation_config.py` checks that the three sets cover every field of the installed
 transformers, so a field added by a new release is classified before it can be ignored silently.
 """
 

@@ -31,7 +31,7 @@ slower here (576x1536, 1 thread). bf16 is the compute dtype for speed; fp32 is t
 
 Batch invariance: both ops tile M by 4 rows and give each row its own fp32 accumulators and its own
 k order, so row m of an M-row call should equal that row computed alone. `batch_invariance` measures
-it; tests/test_quantized_kernels.py asserts it for M = 1..16.
+it; tests/quantized/test_quantized_kernels.py asserts it for M = 1..16.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ step() {  # step SECONDS NAME COMMAND...
   timeout "$seconds" "$@" 2>&1 | tee "$log" | grep -v -E "Loading weights|^\[transformers\]|it/s\]"
   echo "= $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s"
 }
-step 170 tests "$python" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_gpu.py tests/test_cuda_graphs.py tests/test_cuda_backend.py
+step 170 tests "$python" -m pytest -q -p no:cacheprovider -rs tests/backends/test_cuda_gpu.py tests/backends/test_cuda_graphs.py tests/backends/test_cuda_backend.py
 step 75 main_job "$python" -m assisted_backends.cli --task benchmark --compare --quick --device cuda
 step 120 bench_random_bf16 "$python" -m benchmarks.cuda_assisted --dtype bf16 --repeats 5 --json "$OUT/cuda_assisted.json"
 step 120 bench_random_fp32 "$python" -m benchmarks.cuda_assisted --dtype fp32 --repeats 5 --json "$OUT/cuda_assisted_fp32.json"

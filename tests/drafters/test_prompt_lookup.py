@@ -73,7 +73,7 @@ def test_prompt_lookup_and_a_draft_model_are_exclusive():
 
 @pytest.mark.slow
 def test_sampling_with_prompt_lookup_matches_plain_sampling():
-    """Same exact-enumeration chi-square test as tests/test_lossless_sampling.py (false alarms ≤ 1e-3):
+    """Same exact-enumeration chi-square test as tests/engine/test_lossless_sampling.py (false alarms ≤ 1e-3):
     q is a point mass, so each lookup token is accepted with probability p(x)."""
     target = tiny_model("llama", seed=0, vocab=V, init=0.15)
     counts, acceptance = sample_counts(

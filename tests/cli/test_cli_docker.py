@@ -11,7 +11,7 @@ import pytest
 
 from assisted_backends.cli.args import build_parser, validate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted((ROOT / "docker").glob("*/Dockerfile"))
 
 

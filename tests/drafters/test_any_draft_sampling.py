@@ -1,6 +1,6 @@
 """Sampling with a draft of another vocabulary is lossless (Timor et al., ICML 2025: token-level intersection).
 
-Same method as tests/test_lossless_sampling.py, whose exact enumeration it reuses: a 6-token target
+Same method as tests/engine/test_lossless_sampling.py, whose exact enumeration it reuses: a 6-token target
 vocabulary (a Unigram tokenizer built here), a draft with another 8-token vocabulary sharing 4 of
 them, every 4-token continuation scored by the target for the exact reference. Five chi-square
 statistics at 2e-4 each: false-alarm rate at most 1e-3 (Bonferroni). Power check: the same

@@ -12,7 +12,7 @@ import pytest
 from assisted_backends.cli.args import build_parser
 from assisted_backends.cli.main import device_names
 
-DOC = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text(encoding="utf-8")
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
 PARSER = build_parser(device_names())
 ACTIONS = [action for action in PARSER._actions if action.option_strings and action.dest != "help"]
 

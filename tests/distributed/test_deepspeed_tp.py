@@ -117,7 +117,7 @@ def test_two_cpu_ranks_match_one_process_and_hold_half_the_sharded_weights(tmp_p
 
     out_dir = tmp_path / "ranks"
     out_dir.mkdir()
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(str(p) for p in Path(__file__).resolve().parents[:2]))
     command = [
         *_two_rank_launcher(),
         __file__,
@@ -167,7 +167,7 @@ def test_the_command_under_torchrun_matches_the_single_process_command(tmp_path,
     for name, model in (("target", target), ("draft", noisy_copy(target, seed=3, scale=0.05))):
         model.save_pretrained(tmp_path / name)
         tokenizer.save_pretrained(tmp_path / name)
-    script = str(Path(__file__).resolve().parents[1] / "examples" / "run_assisted_generation.py")
+    script = str(Path(__file__).resolve().parents[2] / "examples" / "run_assisted_generation.py")
     flags = [
         "-m",
         str(tmp_path / "target"),

@@ -1,7 +1,7 @@
 """Lossless sampling through a queue: a prompt that joins a running batch draws from the target's distribution
 for that prompt alone, as do the rows it joins (docs/design.md rules 2 and 7; `engine.joins`).
 
-Method of tests/stats_tools.py and tests/test_batch_sampling.py (exact enumerated reference, chi-square,
+Method of tests/stats_tools.py and tests/engine/test_batch_sampling.py (exact enumerated reference, chi-square,
 power check against the draft): three prompts through two slots, so the third joins when the first row
 ends (its first token sampled from its own prompt pass, its rounds verified beside a row in mid-answer);
 each prompt's four new tokens are counted against that prompt's exact joint. The slow test runs in the

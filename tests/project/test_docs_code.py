@@ -23,7 +23,7 @@ from tiny_models import tiny_model
 from assisted_backends.demo.corpus import read_corpus
 from assisted_backends.demo.tokenizer import train_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PAGES_WITH_CODE = [page for page in PAGES if "```python" in page.read_text(encoding="utf-8")]
 SKIP = re.compile(r"<!--\s*doc-test:\s*skip\s+(?P<reason>.+?)\s*-->")

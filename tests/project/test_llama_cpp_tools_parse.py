@@ -19,7 +19,7 @@ from benchmarks.harness.llama_cpp_tools import (
     summarize_bench,
 )
 
-SAMPLES = Path(__file__).parent / "llama_cpp_samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "llama_cpp_samples"
 
 
 def sample(name: str) -> str:

@@ -30,7 +30,7 @@ from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.extras import install_hint
 from assisted_backends.options.errors import OptionError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
 

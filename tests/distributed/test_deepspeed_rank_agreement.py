@@ -149,7 +149,7 @@ def _launch_api(pair: Path, out: Path, *flags: str, timeout_env: str | None = No
     extra = {"ASSISTED_BACKENDS_COLLECTIVE_TIMEOUT_S": timeout_env} if timeout_env else {}
     command = [
         *_two_rank_launcher(),
-        str(HERE / "torchrun_generate.py"),
+        str(HERE.parent / "torchrun_generate.py"),
         "--model-dir",
         str(pair),
         "--out",

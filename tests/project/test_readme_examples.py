@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_docs_code import python_blocks
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -1,7 +1,7 @@
 """Sliding-window and hybrid models on every path besides the CPU default: the HPU policy (against the
 recording FAKE of habana_frameworks), the CUDA graph bookkeeping (against the recording FAKE graph
 runtime, on CPU), a draft of another tokenizer, and lossless sampling (chi-square against the exact
-enumerated joint, as tests/test_lossless_sampling.py does for Llama)."""
+enumerated joint, as tests/engine/test_lossless_sampling.py does for Llama)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ WINDOWED = SLIDING_ARCHS[:2] + HYBRID_ARCHS
 
 def skip_if_refused(model_type: str) -> None:
     if refused_here(model_type):
-        pytest.skip(f"{model_type} is refused by this transformers (tests/test_architecture_matrix.py checks how)")
+        pytest.skip(f"{model_type} is refused by this transformers (tests/api/test_architecture_matrix.py checks how)")
 
 
 def reference(model, prompt: torch.Tensor) -> torch.Tensor:

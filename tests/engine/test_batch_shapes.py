@@ -4,7 +4,7 @@ With `static_shapes=True` (the HPU policy; CUDA graphs) a batch is rounded up to
 (copies of row 0 ride along unread), the prompt to a bucket, the cache to a bucket, and rows that
 accepted different numbers of draft tokens are realigned by a gather, not by a new shape. So over
 batches of 2, 3 and 4 prompts of several lengths and token counts, every forward of the target and the
-draft has a signature from the bound of tests/test_static_shape_census.py, per batch bucket:
+draft has a signature from the bound of tests/engine/test_static_shape_census.py, per batch bucket:
 - target: one prefill per (batch bucket, prompt bucket, cache bucket), one verify [B', γ+1] per
   (batch bucket, cache bucket);
 - draft: one prefill per (batch bucket, prompt bucket, cache bucket), at most two decode feeds

@@ -4,7 +4,7 @@ Forward pre-hooks record the shapes of every tensor argument (input_ids, attenti
 position_ids, cache_position) and of the KV cache tensors of every call of the target and the
 draft over whole generations of several prompt lengths and token counts, with
 `static_shapes=True` on the CPU backend: the policy the HPU backend always uses
-(tests/test_hpu_backend.py checks they are the same policy).
+(tests/backends/test_hpu_backend.py checks they are the same policy).
 
 The bound, with bucket B, draft length γ, and per generation a prompt bucket Pb = ⌈P/B⌉·B and a
 cache bucket C = ⌈(Pb + max_new_tokens + γ + 1)/B⌉·B (the static cache and its mask span C):

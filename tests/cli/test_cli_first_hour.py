@@ -31,7 +31,7 @@ from assisted_backends.cli.threads import set_wait_policy
 from assisted_backends.demo.corpus import read_corpus
 from assisted_backends.demo.tokenizer import train_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 PRE_TORCH_LIMIT_S = 1.0  # the bar for a check that needs no model
 HAS_GGUF = importlib.util.find_spec("gguf") is not None

@@ -322,9 +322,9 @@ def test_default_suite_deselects_the_long_tests_and_a_lane_runs_them():
     assert '-m "not slow' in command  # "not slow" or "not slow and not distributed"
     assert "-m slow" in (ROOT / ".ci" / "lanes" / "long_tests.sh").read_text()
     long_tests = {  # the chi-square tests that took 27-45 s each on a busy 2-core machine
-        "test_lossless_sampling.py": "test_assisted_sampling_matches_plain_sampling",
-        "test_any_draft_sampling.py": "test_sampling_with_another_vocabulary_matches_plain_sampling",
-        "test_prompt_lookup.py": "test_sampling_with_prompt_lookup_matches_plain_sampling",
+        "engine/test_lossless_sampling.py": "test_assisted_sampling_matches_plain_sampling",
+        "drafters/test_any_draft_sampling.py": "test_sampling_with_another_vocabulary_matches_plain_sampling",
+        "drafters/test_prompt_lookup.py": "test_sampling_with_prompt_lookup_matches_plain_sampling",
     }
     for file, name in long_tests.items():
         tree = ast.parse((ROOT / "tests" / file).read_text())

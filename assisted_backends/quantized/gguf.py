@@ -31,7 +31,7 @@ What is exact and what is rounded with compute dtype bf16 (the fast path):
 - Z: 0 stays exactly 0 (Q4_0, Q5_0, Q8_0, Q6_K: then w' = bf16(S)·v, relative error ≤ 2^-8 per
   weight); otherwise rounded to bf16: |Z' − Z| ≤ 2^-8·|Z|.
 - so |w' − w| ≤ 2^-8·(S·|v| + |Z|) (+ fp32 rounding), `error_bound`; tested against gguf.quants.
-With compute dtype fp32 (the exact reference; the kernels' scalar path, 15-30x slower) S and Z are
+With compute dtype fp32 (the exact reference; the kernels' scalar path, many times slower) S and Z are
 stored unrounded and the weights equal gguf's values (tested, the sign of zero aside).
 Memory: int4 planes cost P/2 bytes a weight plus 2·P·2 bytes per group: Q4_* about 1.1x their file
 size, Q5_* / Q8_0 about 1.8x / 1.2x, Q6_K 2.4x (4 planes for 6.56 bits). `compact=("Q6_K",)` trades

@@ -372,7 +372,7 @@ class _Background:
 
 def load_gguf_tokenizer(path: str | Path, use_cache: bool = True):
     """The tokenizer of a GGUF file: from the cache once built (transformers' GGUF tokenizer path parses the whole
-    file: 18 s for Gemma 3's), else built from the file and cached."""
+    file, many seconds for a large vocabulary), else built from the file and cached."""
     from transformers import PreTrainedTokenizerFast
 
     path = Path(path).expanduser().resolve()
@@ -396,9 +396,9 @@ def _saved_settings(folder: Path) -> dict:
 
 
 def _tokenizer_from_file(path: Path, directory: Path | None):
-    """The file's tokenizer, built from its metadata with transformers' own GGUF converter (AutoTokenizer's GGUF
-    path took 36 s for Gemma 3 on a busy machine, the converter alone 9 s; the same ids, specials and template),
-    cached under `directory`."""
+    """The file's tokenizer, built from its metadata with transformers' own GGUF converter (a fraction of what
+    AutoTokenizer's GGUF path takes, which parses the whole file; the same ids, specials and template), cached
+    under `directory`."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:

@@ -74,7 +74,7 @@ def _quantized(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
 class CPUBackend(Backend):
     name = "cpu"
     priority = 0
-    head_on_demand = True  # measured: Gemma 3 270M fp32, a head over 11 positions costs 2.5x one over 1
+    head_on_demand = True  # a head over many positions costs a multiple of one over 1 (RESULTS.md: Gemma 3)
 
     def __init__(self, options=None) -> None:
         super().__init__(options)

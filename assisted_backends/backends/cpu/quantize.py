@@ -10,8 +10,8 @@ benchmarks/xeon_draft_step.py):
   `quantized.linear.QuantizedLinear` (the package's one int8/int4 layer). The op reads garbage (or
   crashes) when the input width is not a multiple of 16 on the CPU, so such layers keep their fp32
   weights. Activations stay unquantized, so the draft agrees
-  with its fp32 self as often as before: SmolLM2-135M verifying its own int8pack copy accepted 90% of
-  drafts, its `dynamic` copy 45%.
+  with its fp32 self about as often as before (far more often than the `dynamic` copy: benchmarks/RESULTS.md,
+  "Why the code is the way it is").
 - "dynamic": `torch.ao.quantization.quantize_dynamic` with per-channel int8 weights; each linear also
   quantizes its fp32 input on the fly and multiplies int8 x int8 (fbgemm / oneDNN). Faster per step
   (0.39x fp32 against int8pack's 0.56x on SmolLM2 here) but `torch.ao.quantization` is deprecated
@@ -20,7 +20,7 @@ benchmarks/xeon_draft_step.py):
 - torchao (`Int8WeightOnlyConfig`) was measured too: 1.8x *slower* than fp32 in eager mode here (its
   CPU speed needs `torch.compile` with freezing); it is not used.
 
-What is never done: int8 weights dequantized to fp32 for every call (4-5x slower than fp32 here).
+What is never done: int8 weights dequantized to fp32 for every call (several times slower than fp32).
 Transformers' GPT-2 style `Conv1D` layers (weights stored [in, out]) become `nn.Linear` first so both
 paths see them.
 """

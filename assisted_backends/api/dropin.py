@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from assisted_backends.api.generation import AssistedGenerator, generate
+from assisted_backends.api.generation import AssistedGenerator, ModelSetup, generate
 
 
 class AssistedGenerate:
@@ -59,7 +59,7 @@ def _generate_arguments() -> set[str]:
     GenerationConfig fields."""
     from transformers import GenerationConfig
 
-    named = set(inspect.signature(generate).parameters) | set(inspect.signature(AssistedGenerator.plan).parameters)
+    named = ModelSetup.names() | set(inspect.signature(AssistedGenerator.plan).parameters)
     fields = {name for name in GenerationConfig().to_dict() if not name.startswith("_")}
     return (named - {"model", "input_ids", "arguments", "kwargs", "self", "streaming"}) | fields
 

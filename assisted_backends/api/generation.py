@@ -23,8 +23,10 @@ directory, a `.gguf` file (or a directory holding one) or a Hub id (`loading.mod
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,10 +42,41 @@ from assisted_backends.loading import models
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
 
-__all__ = ["AssistedGenerator", "GenerateResult", "generate", "generate_queue"]
+__all__ = ["AssistedGenerator", "GenerateResult", "ModelSetup", "generate", "generate_queue"]
 
 ModelArgument = PreTrainedModel | str | os.PathLike
 NAMES = (str, os.PathLike)  # model arguments that name a directory, a .gguf file or a Hub id (`loading.models`)
+
+
+@dataclass(frozen=True)
+class ModelSetup:
+    """The draft, the tokenizers and where and how the models run: the arguments every entry point takes besides
+    the target (`generate`, `generate_queue`, `AssistedGenerator`, and `enable`'s defaults), spelled once here."""
+
+    assistant_model: ModelArgument | None = None
+    tokenizer: Any = None
+    assistant_tokenizer: Any = None
+    device: str = "auto"
+    dtype: str | None = None
+    draft_precision: str | None = None
+    bucket_size: int | None = None
+    backend: Backend | None = None
+    threads: int | None = None
+
+    @classmethod
+    def names(cls) -> frozenset[str]:
+        return frozenset(field.name for field in dataclasses.fields(cls))
+
+    @classmethod
+    def split(cls, arguments: dict[str, Any]) -> tuple[ModelSetup, dict[str, Any]]:
+        """(the setup named among a call's keyword `arguments`, the rest: the call's own options)."""
+        names = cls.names()
+        setup = cls(**{name: value for name, value in arguments.items() if name in names})
+        return setup, {name: value for name, value in arguments.items() if name not in names}
+
+    def arguments(self) -> dict[str, Any]:
+        """The fields as keyword arguments, the objects themselves (not copies, as `dataclasses.asdict` makes)."""
+        return {name: getattr(self, name) for name in self.names()}
 
 
 def check_materialized(model: Any, argument: str) -> None:
@@ -158,35 +191,11 @@ class AssistedGenerator:
         return generate_many(self, prompts, slots=slots, on_finish=on_finish, **arguments)
 
 
-def generate(
-    model: ModelArgument,
-    input_ids: torch.Tensor | None = None,
-    *,
-    assistant_model: ModelArgument | None = None,
-    tokenizer: Any = None,
-    assistant_tokenizer: Any = None,
-    device: str = "auto",
-    dtype: str | None = None,
-    draft_precision: str | None = None,
-    bucket_size: int | None = None,
-    backend: Backend | None = None,
-    threads: int | None = None,
-    **arguments: Any,
-) -> GenerateResult:
-    """Generate after `input_ids`, assisted by a drafter when one is asked for (see the module docstring)."""
-    generator = AssistedGenerator(
-        model,
-        assistant_model,
-        tokenizer=tokenizer,
-        assistant_tokenizer=assistant_tokenizer,
-        device=device,
-        dtype=dtype,
-        draft_precision=draft_precision,
-        bucket_size=bucket_size,
-        backend=backend,
-        threads=threads,
-    )
-    return generator.generate(input_ids, **arguments)
+def generate(model: ModelArgument, input_ids: torch.Tensor | None = None, **arguments: Any) -> GenerateResult:
+    """Generate after `input_ids`, assisted by a drafter when one is asked for (see the module docstring):
+    `arguments` are `ModelSetup`'s fields (the draft, tokenizers, device, dtype, ...) and the call's options."""
+    setup, options = ModelSetup.split(arguments)
+    return AssistedGenerator(model, **setup.arguments()).generate(input_ids, **options)
 
 
 def generate_queue(
@@ -195,22 +204,10 @@ def generate_queue(
     *,
     slots: int = DEFAULT_SLOTS,
     on_finish: Callable[[int, torch.Tensor], None] | None = None,
-    assistant_model: ModelArgument | None = None,
-    tokenizer: Any = None,
-    assistant_tokenizer: Any = None,
-    device: str = "auto",
-    dtype: str | None = None,
-    draft_precision: str | None = None,
-    bucket_size: int | None = None,
-    backend: Backend | None = None,
-    threads: int | None = None,
     **arguments: Any,
 ) -> QueueResult:
     """`generate` for many prompts through `slots` batch rows, each slot refilled as its row ends (`api.queue`);
-    models and device as `generate` takes them."""
-    generator = AssistedGenerator(
-        model, assistant_model, tokenizer=tokenizer, assistant_tokenizer=assistant_tokenizer, device=device,
-        dtype=dtype, draft_precision=draft_precision, bucket_size=bucket_size, backend=backend,
-        threads=threads,
-    )  # fmt: skip
-    return generator.generate_many(prompts, slots=slots, on_finish=on_finish, **arguments)
+    `ModelSetup`'s fields and the call's options as `generate` takes them."""
+    setup, options = ModelSetup.split(arguments)
+    generator = AssistedGenerator(model, **setup.arguments())
+    return generator.generate_many(prompts, slots=slots, on_finish=on_finish, **options)

@@ -9,7 +9,7 @@ from functools import cache
 
 import pytest
 import torch
-from eagle_fixtures import demo_head, demo_prompts, demo_target
+from eagle_fixtures import DEMO_DIR, demo_head, demo_prompts, demo_target
 from tiny_models import reference_greedy
 
 from assisted_backends import generate
@@ -41,9 +41,11 @@ NEW = 32
 
 @cache
 def int4_target():
-    """The demo target with its linear layers and embedding int4 on the package's kernels."""
-    target, _ = demo_target()
-    return quantize_model(copy.deepcopy(target), "int4")
+    """The demo target with its linear layers and embedding int4 on the package's kernels: loaded afresh, not
+    copied from `demo_target()`, which a backend may have rewritten in place (IPEX, where it is on)."""
+    from assisted_backends.loading.models import load_model
+
+    return quantize_model(load_model(DEMO_DIR / "target", precision="fp32"), "int4")
 
 
 def _head(precision: str):

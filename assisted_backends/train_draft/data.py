@@ -21,7 +21,6 @@ import torch
 from assisted_backends import hf_compat
 from assisted_backends.drafters.eagle.features import LayerTap
 from assisted_backends.engine.head_on_demand import OnDemandHead
-from assisted_backends.train_draft.target_tables import model_device
 
 FEATURE_DTYPE = torch.bfloat16
 
@@ -47,7 +46,7 @@ def continue_greedily(target, prompts: list[list[int]], new_tokens: int, pad_id:
     from assisted_backends import generate
 
     longest = max(len(p) for p in prompts)
-    device = model_device(target)
+    device = hf_compat.model_device(target)
     ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, prompt in enumerate(prompts):
@@ -65,7 +64,7 @@ def continue_greedily(target, prompts: list[list[int]], new_tokens: int, pad_id:
 def featurize(target, tap: LayerTap, sequences: list[list[int]], starts: list[int], top_k: int) -> list[Example]:
     """One right-padded forward over `sequences`: the features and top-k next-token choices of every position."""
     head = OnDemandHead.of(target)
-    device = model_device(target)
+    device = hf_compat.model_device(target)
     longest = max(len(s) for s in sequences)
     ids = torch.zeros(len(sequences), longest, dtype=torch.long)
     for row, sequence in enumerate(sequences):
@@ -115,7 +114,7 @@ def generate_examples(
     token of it fed except the last (whose features no training pair reads). `deadline` (a `time.perf_counter()`
     value): decoding stops there, the continuations cut short; rows with no continuation are dropped."""
     head = OnDemandHead.of(target)
-    device = model_device(target)
+    device = hf_compat.model_device(target)
     batch, longest = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((batch, longest), pad_id, dtype=torch.long)
     mask = torch.zeros(batch, longest, dtype=torch.long)

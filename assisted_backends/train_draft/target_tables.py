@@ -4,16 +4,7 @@ one. A head trained next to a quantized target learns from the values that targe
 
 from __future__ import annotations
 
-import itertools
-
 import torch
-
-
-def model_device(model: torch.nn.Module) -> torch.device:
-    """The device of the model's first parameter or buffer (a quantized model keeps its weights in buffers)."""
-    for tensor in itertools.chain(model.parameters(), model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
 
 
 def dense_rows(module: torch.nn.Module) -> torch.Tensor:

@@ -43,7 +43,7 @@ from assisted_backends.train_draft.corpus import DEFAULT_EXTENSIONS, PromptSourc
 from assisted_backends.train_draft.data import Example, generate_examples
 from assisted_backends.train_draft.head_init import head_config, new_head
 from assisted_backends.train_draft.store import RunDirectory
-from assisted_backends.train_draft.target_tables import dense_rows, model_device
+from assisted_backends.train_draft.target_tables import dense_rows
 from assisted_backends.train_draft.vocab import DEFAULT_COVERAGE, choose_vocabulary, coverage, size_for_coverage
 
 
@@ -359,7 +359,7 @@ def train(settings: TrainSettings, target=None, tokenizer=None) -> TrainResult:
     device = choose_device(settings.device)
     if target is None:
         target, tokenizer = load_target(settings.target, device, settings.target_precision)
-    device = model_device(target)
+    device = hf_compat.model_device(target)
     chosen = cpu_threads.for_call(target, device)  # measured on a CPU unless the caller fixed it
     dtype = torch.float32
     depth = int(hf_compat.text_config(target).num_hidden_layers)

@@ -4,8 +4,8 @@ the run resumes where it stopped, and its output directory is a head that `gener
 from __future__ import annotations
 
 import itertools
-import re
 import json
+import re
 import subprocess
 import sys
 from collections import Counter

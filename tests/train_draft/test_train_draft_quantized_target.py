@@ -12,10 +12,11 @@ from quantized_fixtures import Q4_K_M_LIKE, write_tiny_llama_gguf
 from test_train_draft_chat import conversation, write_log
 
 from assisted_backends.api import threads
+from assisted_backends.hf_compat import model_device
 from assisted_backends.model_facts import quantized_kernels
 from assisted_backends.quantized import extension
 from assisted_backends.train_draft.cli import main
-from assisted_backends.train_draft.target_tables import dense_rows, model_device
+from assisted_backends.train_draft.target_tables import dense_rows
 from assisted_backends.train_draft.trainer import load_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")

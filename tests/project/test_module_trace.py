@@ -105,3 +105,34 @@ def test_a_cpu_call_imports_no_cuda_or_hpu_backend_module():
     )
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == "[]"
+
+
+def test_the_call_to_the_first_verified_token_runs_through_few_files():
+    """From `generate` to the target's first verify pass, the stack passes through at most 6 of the package's
+    files: a reader follows the call by opening those (planning and resolving options are calls that return a
+    frozen value on the way, not layers the call runs inside)."""
+    target, draft = tiny_model("llama", 0), tiny_model("llama", 1)
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    root = str(PACKAGE)
+    stacks: list[list[str]] = []
+
+    def profile(frame, event, arg) -> None:
+        if event != "call" or stacks or frame.f_code.co_name != "forward":
+            return
+        files, caller = [], frame
+        while caller is not None:
+            if caller.f_code.co_filename.startswith(root):
+                files.append(Path(caller.f_code.co_filename).relative_to(PACKAGE).as_posix())
+                if caller.f_code.co_name == "verify":  # the target's forward inside a round's verify pass
+                    stacks.append(files)
+            caller = caller.f_back
+
+    sys.setprofile(profile)
+    try:
+        generate(target, ids, assistant_model=draft, max_new_tokens=8, num_assistant_tokens_schedule="constant")
+    finally:
+        sys.setprofile(None)
+    assert stacks, "no verify pass was traced"
+    files = list(dict.fromkeys(reversed(stacks[0])))
+    assert files[0] == "api/generation.py" and files[-1] == "engine/runner.py", files
+    assert len(files) <= 6, files

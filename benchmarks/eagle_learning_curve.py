@@ -9,12 +9,19 @@ row: training steps, the positions they covered (steps x batch size x the mean p
 sequence: what more data or a faster device would add), minutes since the run began (data generation
 included), α_1 (the head's first draft token), α = (E − 1)/γ and E(γ) as `train-draft` reports them. Nothing is
 timed here; the numbers are the run's.
+
+Then an extrapolation, labelled as one: a least-squares line E = a + b log2(positions) through the curve's second
+half (the positions past half of the last row's), the positions at which that line reaches `--target-e`, and the
+hours of training they would take at the run's own rate (its positions over its training seconds). The curve
+repeats the run's sequences epoch after epoch, so the line is what more of the same training buys; new data is
+expected to do better, a saturating head worse.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from assisted_backends.loading.files import cache_root
@@ -40,9 +47,28 @@ def curve(run: Path) -> dict:
             "curve": rows}  # fmt: skip
 
 
+def extrapolate(result: dict, target_e: float) -> dict | None:
+    """The log-linear line through the second half of `result`'s curve and where it reaches E = `target_e`."""
+    last = result["curve"][-1]["positions"]
+    later = [row for row in result["curve"] if row["positions"] and row["positions"] >= last / 2]
+    points = [(math.log2(row["positions"]), row["E"]) for row in later]
+    if len({x for x, _ in points}) < 3:
+        return None
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    rate = last / result["seconds"]["train"]  # training positions per second, as the run went
+    needed = 2 ** (mean_x + (target_e - mean_y) / slope) if slope > 0 else math.inf
+    return {"target_E": target_e, "E_per_doubling": round(slope, 3), "points": len(points),
+            "positions_needed": None if math.isinf(needed) else round(needed),
+            "training_positions_per_s": round(rate, 1),
+            "hours_needed": None if math.isinf(needed) else round(needed / rate / 3600, 1)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="*", default=None, help="run directories (default <cache>/chat_heads/*)")
+    parser.add_argument("--target-e", type=float, default=2.2, help="the E(γ) the extrapolation aims at")
     parser.add_argument("--out", default="eagle_learning_curve")
     args = parser.parse_args()
     runs = [Path(r) for r in args.runs] if args.runs else sorted((cache_root() / "chat_heads").glob("*"))
@@ -53,6 +79,12 @@ def main() -> None:
             minutes = "untrained" if row["minutes"] is None else f"{row['minutes']:5.1f} min"
             print(f"  step {row['step']:5d}  positions {row['positions']:8d}  {minutes:>9}  α_1 {row['alpha_1']:.3f}"
                   f"  α {row['alpha']:.3f}  E({result['gamma']}) {row['E']:.2f}")  # fmt: skip
+        line = result["extrapolation"] = extrapolate(result, args.target_e)
+        if line is not None:
+            rate = line["training_positions_per_s"]
+            print(f"  extrapolated (log-linear over the last half, not measured): E +{line['E_per_doubling']:.3f} per"
+                  f" doubling of positions; E = {args.target_e} at {line['positions_needed'] or 'never'} positions,"
+                  f" {line['hours_needed'] or '-'} h at this run's {rate} positions/s")  # fmt: skip
     write_result(args.out, command_line("eagle_learning_curve"), {"results": results})
 
 

@@ -25,5 +25,5 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 source .ci/pytest_lane.sh
 run_pytest "$venv/bin/python" -q -p no:cacheprovider \
   tests/api/test_dropin.py tests/engine/test_streaming.py tests/options/test_stop_strings.py tests/api/test_api_inputs.py \
-  tests/cli/test_cli_chat_stream.py tests/backends/test_hpu_backend.py tests/options/test_stopping.py tests/engine/test_greedy_identity.py \
+  tests/cli/test_cli_generate.py tests/backends/test_hpu_backend.py tests/options/test_stopping.py tests/engine/test_greedy_identity.py \
   tests/engine/test_batches.py tests/engine/test_output_head.py tests/drafters/test_early_exit.py "$@"

@@ -1,24 +1,23 @@
-"""The command users run: tasks, JSON/CSV schema, flag validation, and the demo pair's preparation."""
+"""The command users run: its two tasks and their JSON/CSV schema (generate's tokens with and without a draft
+and under a seed, the benchmark's table and rows), the validation of the flags themselves (conflicts, unknown
+flags and values, no abbreviations; one line each, answered before torch loads), the demo pair's preparation,
+and the installed console script running it end to end."""
 
 from __future__ import annotations
 
 import csv
 import json
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from cli_fixtures import claiming_7b
-from tiny_models import tiny_model
+from cli_fixtures import ROOT, cli_env, console_script, imported_modules, messages, run_cli, run_main
 from transformers import AutoModelForCausalLM
 
+from assisted_backends.cli import args as cli_args
 from assisted_backends.cli import main
-from assisted_backends.demo.corpus import read_corpus
 from assisted_backends.demo.pair import SMOKE_BUDGET, ensure_demo_pair
-from assisted_backends.demo.tokenizer import train_tokenizer
 
 ROW_KEYS = {
     "prompt_tokens",
@@ -32,38 +31,9 @@ ROW_KEYS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="module")
-def saved_pair(tmp_path_factory):
-    """A tiny Llama target, a perturbed-copy draft and a GPT-2 target, each saved with a locally trained tokenizer."""
-    root = tmp_path_factory.mktemp("models")
-    tokenizer = train_tokenizer(read_corpus(100_000)[0], 300)
-    vocab = len(tokenizer)
-    target = tiny_model("llama", seed=0, vocab=vocab, init=0.1)
-    draft = tiny_model("llama", seed=0, vocab=vocab, init=0.1)
-    with torch.no_grad():
-        for weight in draft.parameters():
-            weight.add_(0.02 * weight.std().nan_to_num(0.0) * torch.randn_like(weight))
-    models = {"target": target, "draft": draft, "gpt2": tiny_model("gpt2", seed=0, vocab=vocab)}
-    for name, model in models.items():
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    return root
-
-
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def test_generate_task_writes_the_json_schema(saved_pair, tmp_path, capsys):
     out = tmp_path / "out.json"
-    code, stdout, stderr = _run(
+    code, stdout, stderr = run_main(
         capsys,
         "-m",
         str(saved_pair / "target"),
@@ -91,9 +61,9 @@ def test_generate_task_writes_the_json_schema(saved_pair, tmp_path, capsys):
 def test_no_assisted_and_assisted_give_the_same_greedy_tokens(saved_pair, tmp_path, capsys):
     common = ["-m", str(saved_pair / "target"), "--max-new-tokens", "15", "--dtype", "fp32", "--prompt", "for i in"]
     plain, assisted = tmp_path / "plain.json", tmp_path / "assisted.json"
-    assert _run(capsys, *common, "--no-assisted", "--json", str(plain))[0] == 0
+    assert run_main(capsys, *common, "--no-assisted", "--json", str(plain))[0] == 0
     draft = ["--assistant_model", str(saved_pair / "draft"), "--num_assistant_tokens", "3"]
-    assert _run(capsys, *common, *draft, "--json", str(assisted))[0] == 0
+    assert run_main(capsys, *common, *draft, "--json", str(assisted))[0] == 0
     plain_data, assisted_data = json.loads(plain.read_text()), json.loads(assisted.read_text())
     assert plain_data["generated_token_ids"] == assisted_data["generated_token_ids"]
     assert plain_data["stats"]["drafted"] == 0 and assisted_data["stats"]["drafted"] > 0
@@ -103,7 +73,7 @@ def test_sampling_with_a_seed_is_reproducible(saved_pair, tmp_path, capsys):
     runs = []
     for name in ("a", "b"):
         out = tmp_path / f"{name}.json"
-        code, _, err = _run(
+        code, _, err = run_main(
             capsys,
             "-m",
             str(saved_pair / "target"),
@@ -130,7 +100,7 @@ def test_sampling_with_a_seed_is_reproducible(saved_pair, tmp_path, capsys):
 
 def test_benchmark_compare_writes_table_json_and_csv(saved_pair, tmp_path, capsys):
     out_json, out_csv = tmp_path / "bench.json", tmp_path / "bench.csv"
-    code, stdout, stderr = _run(
+    code, stdout, stderr = run_main(
         capsys,
         "-m",
         str(saved_pair / "target"),
@@ -180,7 +150,7 @@ def test_benchmark_compare_writes_table_json_and_csv(saved_pair, tmp_path, capsy
 
 def test_benchmark_plain_rows_have_null_acceptance(saved_pair, tmp_path, capsys):
     out = tmp_path / "plain.json"
-    code, _, err = _run(
+    code, _, err = run_main(
         capsys,
         "-m",
         str(saved_pair / "target"),
@@ -212,35 +182,8 @@ def test_benchmark_plain_rows_have_null_acceptance(saved_pair, tmp_path, capsys)
     ],
 )
 def test_conflicting_flags_fail_with_one_line(argv, message, capsys):
-    code, _, stderr = _run(capsys, *argv)
+    code, _, stderr = run_main(capsys, *argv)
     assert code == 2 and message in stderr and "Traceback" not in stderr
-
-
-def test_missing_model_directory(tmp_path, capsys):
-    code, _, stderr = _run(capsys, "-m", str(tmp_path / "nowhere"), "--no-assisted")
-    assert code == 2 and f"-m/--model directory {tmp_path / 'nowhere'} does not exist" in stderr
-
-
-def test_unknown_architecture_without_a_draft_lists_the_options(saved_pair, capsys):
-    code, _, stderr = _run(capsys, "-m", str(saved_pair / "gpt2"))
-    assert code == 2 and "no default draft for a 'gpt2' target" in stderr and "opt -> facebook/opt-125m" in stderr
-
-
-def test_default_draft_that_is_not_on_disk_says_so_in_one_line(saved_pair, capsys):
-    code, _, stderr = _run(capsys, "-m", str(claiming_7b(saved_pair / "target")), "--dtype", "fp32")
-    assert code == 2
-    assert "default draft PY007/TinyLlama-1.1B-intermediate-step-715k-1.5T is not on this machine" in stderr
-    assert len(stderr.strip().splitlines()[-1]) > 0 and "Traceback" not in stderr
-
-
-def test_a_default_draft_larger_than_the_target_is_never_offered(saved_pair, capsys):
-    code, _, stderr = _run(capsys, "-m", str(saved_pair / "target"), "--dtype", "fp32")
-    assert code == 2 and "is not larger than its family's usual draft" in stderr and "--prompt-lookup 10" in stderr
-
-
-def test_empty_prompt(saved_pair, capsys):
-    code, _, stderr = _run(capsys, "-m", str(saved_pair / "target"), "--no-assisted", "--prompt", "  ")
-    assert code == 2 and "the prompt is empty" in stderr
 
 
 def test_unknown_device_is_rejected_by_argparse(capsys):
@@ -248,6 +191,28 @@ def test_unknown_device_is_rejected_by_argparse(capsys):
         main(["--device", "tpu"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err == "error: --device: 'tpu' is not one of auto, cpu, cuda, hpu\n", err
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["--prompt-lookpu", "10"], "error: unknown flag --prompt-lookpu; did you mean --prompt-lookup?"),
+        (["--max-new-token", "8"], "error: unknown flag --max-new-token; did you mean --max-new-tokens?"),
+        (["--max-new-tokens", "x"], "error: --max-new-tokens: expected a positive integer, got 'x'"),
+        (["--dtype", "fp8"], "error: --dtype: 'fp8' is not one of auto, fp32, bf16, fp16, int8, int4"),
+    ],
+)
+def test_argument_errors_are_one_line_with_the_closest_flag_and_no_prefix_matching(argv, expected):
+    run = run_cli(*argv, PYTHONPROFILEIMPORTTIME="1")
+    assert run.returncode == 2 and messages(run) == [expected], run.stderr[-2000:]
+    imported = imported_modules(run)
+    assert imported and "torch" not in imported and "transformers" not in imported
+
+
+def test_the_parser_takes_no_abbreviations():
+    parser = cli_args.build_parser(["auto", "cpu"])
+    assert parser.allow_abbrev is False
+    assert cli_args.one_line("unrecognized arguments: --zzzz", parser.flags()).startswith("unknown flag --zzzz (")
 
 
 TINY_BUDGET = SMOKE_BUDGET
@@ -268,19 +233,11 @@ def test_demo_pair_preparation_is_deterministic_and_cached(tmp_path, monkeypatch
     assert ensure_demo_pair(tmp_path / "a", TINY_BUDGET, progress=False) == first
 
 
-def _console_script(name: str) -> str:
-    """The entry point installed with this interpreter (a venv's bin/ need not be on PATH)."""
-    beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.is_file() else shutil.which(name)
-    assert found, f"console script {name!r} is not installed: pip install -e ."
-    return found
-
-
 def test_console_script_runs_the_demo_pair_end_to_end(tmp_path):
     """The installed entry point with no model arguments: prepares the (smoke-budget) demo pair, then generates."""
     completed = subprocess.run(
         [
-            _console_script("run-assisted-generation"),
+            console_script(),
             "--demo-pair",
             "smoke",
             "--demo-dir",
@@ -297,3 +254,9 @@ def test_console_script_runs_the_demo_pair_end_to_end(tmp_path):
     assert completed.returncode == 0, completed.stderr
     assert "SMOKE demo pair" in completed.stderr and "acceptance rate" in completed.stderr
     assert "class Stack:\n" in completed.stdout  # the demo prompt, then the continuation
+
+
+def test_subprocesses_run_this_checkout():
+    code = "import assisted_backends, pathlib; print(pathlib.Path(assisted_backends.__file__).resolve())"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd="/")
+    assert run.stdout.strip() == str(ROOT / "assisted_backends" / "__init__.py"), run.stdout

@@ -171,6 +171,7 @@ def plan_generation(
             seeded_sampling=options.sampling.do_sample and seed is not None,
             horizon=options.max_new_tokens,
             prompt_pass_prior=draft.prompt_pass_ratio,
+            acceptance_prior=draft.acceptance_prior,
         )
     layout = "static" if static else (settings.cache_layout or backend.cache_layout_for(model, assistant_model))
     prompt_length = options.input_ids.shape[1]

@@ -47,7 +47,8 @@ class DraftSpec:
     drafters that read no prompt; `position_limit`: the positions a same-vocabulary draft's learned
     position table encodes (None: any, as rotary drafts); `key_limit`: the keys its bias table spans
     (MPT's ALiBi `max_seq_len`). Past either, drafting stops for the rest of the call: the draft only
-    ever changes speed.
+    ever changes speed. `acceptance_prior`: α_1 measured before the call (an EAGLE head's held-out α_1), the
+    schedule's prior in place of 1/2.
     """
 
     kind: DraftKind = "none"
@@ -61,6 +62,7 @@ class DraftSpec:
     position_limit: int | None = None
     key_limit: int | None = None
     combined_lookup: int | None = None  # an EAGLE head with prompt lookup first (`drafters.eagle.combined`)
+    acceptance_prior: float | None = None
 
     @property
     def speculates(self) -> bool:

@@ -131,13 +131,14 @@ class _PositionAcceptance:
 
     A round that drafted γ and accepted n adds a success at positions 1..n and, if n < γ, a failure at
     position n + 1 (positions past it were not decided). Each α_i is shrunk towards α_{i−1} with
-    `prior_weight` pseudo-trials (α_1 towards 1/2: a uniform Beta(1, 1) prior), so a position
-    seldom reached inherits its predecessor's rate instead of a guess.
+    `prior_weight` pseudo-trials (α_1 towards `first_prior`: 1/2, a uniform Beta(1, 1) prior, unless the draft's
+    acceptance is known), so a position seldom reached inherits its predecessor's rate instead of a guess.
     """
 
-    def __init__(self, max_gamma: int, decay: float, prior_weight: float = 2.0) -> None:
+    def __init__(self, max_gamma: int, decay: float, prior_weight: float = 2.0, first_prior: float = 0.5) -> None:
         self.decay = decay
         self.prior_weight = prior_weight
+        self.first_prior = first_prior
         self.successes = [0.0] * max_gamma
         self.trials = [0.0] * max_gamma
 
@@ -159,7 +160,7 @@ class _PositionAcceptance:
 
     def rates(self) -> list[float]:
         """[α_1, …, α_γmax]."""
-        rates, previous = [], 0.5
+        rates, previous = [], self.first_prior
         for successes, trials in zip(self.successes, self.trials):
             previous = (successes + self.prior_weight * previous) / (trials + self.prior_weight)
             rates.append(previous)
@@ -249,6 +250,7 @@ class AdaptiveSchedule:
         horizon: int | None = None,  # tokens the generation makes per row (max_new_tokens), if known
         prompt_pass_prior: float = 0.0,  # the draft's pass over the prompt / the target's (0: it reads none)
         trial_budget: float = TRIAL_BUDGET,
+        acceptance_prior: float | None = None,  # α_1 measured before the call (an EAGLE head's held-out α_1)
     ) -> None:
         self.max_gamma = max_gamma
         self.cost_prior = cost_prior or 0.0
@@ -267,7 +269,8 @@ class AdaptiveSchedule:
         decay = decay if decay is not None else (FREE_DECAY if self.free else 0.95)
         self.never = cost_prior is not None and cost_prior >= NEVER_PAYS_COST_RATIO
         self.margin = margin
-        self.acceptance = _PositionAcceptance(max_gamma, decay)
+        first_prior = 0.5 if acceptance_prior is None else min(max(acceptance_prior, 0.0), 1.0)
+        self.acceptance = _PositionAcceptance(max_gamma, decay, first_prior=first_prior)
         self.draft_step = _VerifyCost()  # t_d(B), by the rows of the batch
         self.verify_cost = _VerifyCost()  # t_v by the tokens a pass feeds, M = B·q
         self.batch = 1  # rows the next round feeds (`observe_batch`)
@@ -276,6 +279,8 @@ class AdaptiveSchedule:
         self.plain_streak = 0
         self.horizon = horizon
         self.made = 1.0  # tokens made per row so far, the prefill's included (batches: the mean over rows)
+        self.failed_probes = 0  # probes in a row that accepted nothing (each doubles the wait before the next)
+        self._probing = False
         self.chosen: list[int] = []  # γ of every round, for statistics and tests
 
     def verify(self, query_length: int) -> float:
@@ -309,6 +314,15 @@ class AdaptiveSchedule:
         probe = self.probe_gamma
         overhead = (probe * self.draft_seconds() + max(0.0, self.verify(probe + 1) - plain)) / plain
         return max(2, min(self.max_probe_interval, math.ceil(overhead / self.probe_budget)))
+
+    def probe_wait(self) -> int:
+        """Plain rounds before the next probe: `probe_interval`, doubled by each probe in a row that accepted
+        nothing (a free drafter's regimes change within a few rounds: its wait stays). A probe's full cost (the
+        draft catching up on the plain rounds, the round's own bookkeeping) is more than `probe_interval` prices,
+        so a draft that keeps failing is asked O(log rounds) times, not once an interval."""
+        if self.free:
+            return self.probe_interval()
+        return min(self.max_probe_interval, self.probe_interval() << min(self.failed_probes, 16))
 
     def worth_probing(self) -> bool:
         """A probe pays back over the rounds after it: none is made with fewer tokens left than the plain
@@ -347,8 +361,9 @@ class AdaptiveSchedule:
             gamma = self.initial
         else:
             gamma = self.best_gamma()
-            if gamma == 0 and self.plain_streak >= self.probe_interval() and self.worth_probing():
+            if gamma == 0 and self.plain_streak >= self.probe_wait() and self.worth_probing():
                 gamma = self.probe_gamma  # probe: has α risen?
+                self._probing = True
         self.chosen.append(gamma)
         return gamma
 
@@ -364,6 +379,11 @@ class AdaptiveSchedule:
             self.plain_streak += 1
             return
         self.plain_streak = 0
+        if sum(rows) > 0:
+            self.failed_probes = 0
+        elif self._probing:
+            self.failed_probes += 1
+        self._probing = False
         self.acceptance.update_rows(gamma, rows)  # a batch: one sample per row
         self.draft_step.add(batch, observation.draft_s / gamma)
 
@@ -418,6 +438,7 @@ class ScheduleSpec:
     cost_prior: float | None = None
     prompt_pass_prior: float = 0.0
     horizon: int | None = None
+    acceptance_prior: float | None = None
 
     def build(self) -> DraftSchedule:
         if self.name == "constant":
@@ -427,6 +448,7 @@ class ScheduleSpec:
             cost_prior=self.cost_prior,
             horizon=self.horizon,
             prompt_pass_prior=self.prompt_pass_prior,
+            acceptance_prior=self.acceptance_prior,
         )
 
 
@@ -440,6 +462,7 @@ def choose_schedule(
     seeded_sampling: bool = False,
     horizon: int | None = None,
     prompt_pass_prior: float = 0.0,
+    acceptance_prior: float | None = None,
 ) -> ScheduleSpec:
     """`constant` when γ is fixed by the user or by static shapes, or when sampling with a seed; else
     `adaptive` (the default). Names and combinations were checked by `options.ranges.check_shapes`.
@@ -453,4 +476,6 @@ def choose_schedule(
         name = "constant" if fixed else "adaptive"
     if name == "constant":
         return ScheduleSpec("constant", num_assistant_tokens or default_gamma)
-    return ScheduleSpec("adaptive", num_assistant_tokens or max_gamma, cost_prior, prompt_pass_prior, horizon)
+    return ScheduleSpec(
+        "adaptive", num_assistant_tokens or max_gamma, cost_prior, prompt_pass_prior, horizon, acceptance_prior
+    )

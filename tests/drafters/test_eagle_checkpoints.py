@@ -159,6 +159,28 @@ def test_round_trip_of_a_trained_head(layout, tmp_path):
     assert torch.equal(result.sequences, reference_greedy(target, prompt, 20))
 
 
+def test_a_heads_held_out_acceptance_becomes_the_schedules_prior(tmp_path):
+    """train-draft writes training.json beside the head: its latest held-out α_1 is the adaptive schedule's prior
+    for α_1 (a head known to be rarely right is not drafted with for rounds first); heads from elsewhere, or a
+    record that cannot be read, leave the uninformed prior."""
+    from assisted_backends import AssistedGenerator
+
+    target, _ = demo_target()
+    directory = save_head(demo_head(), tmp_path / "head", "specforge", target_layers=6)
+    assert load_head(directory).held_out_alpha is None
+    (directory / "training.json").write_text(json.dumps({"latest": [0.07, 0.2, 0.1], "untrained": [0.0, 0.0, 0.0]}))
+    head = load_head(directory)
+    assert head.held_out_alpha == 0.07
+    prompt = torch.tensor([[5, 17, 300, 41, 9, 77, 12, 8]])
+    plan = AssistedGenerator(target, assistant_model=head).plan(prompt, max_new_tokens=8)
+    assert plan.schedule.acceptance_prior == 0.07
+    assert plan.schedule.build().acceptance.rates()[0] == pytest.approx(0.07)
+    (directory / "training.json").write_text("{not json")
+    assert load_head(directory).held_out_alpha is None
+    result = generate(target, prompt, assistant_model=head, max_new_tokens=20)
+    assert torch.equal(result.sequences, reference_greedy(target, prompt, 20))
+
+
 def test_a_head_for_another_target_is_refused(tmp_path):
     head = random_head(_target())
     with pytest.raises(OptionError, match="trained for another target.*hidden size is 32"):

@@ -278,7 +278,44 @@ def test_no_probe_when_too_few_tokens_are_left_to_use_what_it_finds():
     assert 5 <= interval <= 30
     assert any(gamma > 0 for gamma in knowing.chosen[10:-interval]), "probes still run while tokens are left"
     assert all(gamma == 0 for gamma in knowing.chosen[-interval:]), knowing.chosen
-    assert any(gamma > 0 for gamma in blind.chosen[-interval - 1 :]), blind.chosen
+    assert blind.worth_probing() and not knowing.worth_probing(), "only the horizon tells them apart"
+
+
+def test_probes_that_keep_failing_come_ever_more_rarely():
+    """A useless costed draft: each probe that accepts nothing doubles the wait before the next one, so over 2000
+    rounds it is asked O(log rounds) times; a probe that accepts brings the wait back to `probe_interval()`."""
+    schedule = AdaptiveSchedule(max_gamma=8, max_probe_interval=10_000)
+    _drive(schedule, alpha=0.0, t_draft=0.3, t_target=1.0, rounds=2000)
+    probes = [i for i, gamma in enumerate(schedule.chosen) if gamma > 0][1:]  # after the exploration round
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert 3 <= len(probes) <= 12, schedule.chosen
+    assert all(later >= 2 * earlier - 1 for earlier, later in zip(gaps, gaps[1:])), gaps
+    assert schedule.probe_wait() >= 2 * schedule.probe_interval()
+    schedule.update(RoundObservation(1, 1, 0.3, 1.0))  # a probe (or any round) that accepts
+    assert schedule.probe_wait() == schedule.probe_interval()
+
+
+def test_a_free_drafter_keeps_probing_at_its_interval():
+    """Prompt lookup's regimes change within a few rounds (a copied span starts): failed probes do not back off."""
+    free, costed = AdaptiveSchedule(max_gamma=8, cost_prior=0.0), AdaptiveSchedule(max_gamma=8, cost_prior=0.05)
+    for schedule in (free, costed):
+        _drive(schedule, alpha=0.0, t_draft=0.0, t_target=1.0, rounds=3)
+        schedule.failed_probes = 3
+    assert free.probe_wait() == free.probe_interval()
+    assert costed.probe_wait() == min(costed.max_probe_interval, 8 * costed.probe_interval())
+
+
+def test_a_known_acceptance_prior_decides_the_rounds_before_the_counts_do():
+    """A head whose held-out α_1 is known low (0.05) stops drafting right after its exploration round; with
+    the uninformed prior (1/2) the same draft keeps drafting for rounds until its counts outweigh the prior."""
+    informed = AdaptiveSchedule(max_gamma=4, acceptance_prior=0.05)
+    uninformed = AdaptiveSchedule(max_gamma=4)
+    for schedule in (informed, uninformed):
+        _drive(schedule, alpha=0.0, t_draft=0.05, t_target=1.0, rounds=12, verify_jump=0.05)
+    assert informed.chosen[:3] == [0, 0, 3] == uninformed.chosen[:3]  # two plain rounds, then the exploration
+    assert sum(gamma > 0 for gamma in informed.chosen[3:]) <= 1, informed.chosen  # at most one γ = 1 probe
+    assert sum(gamma > 0 for gamma in uninformed.chosen[3:]) >= 4, uninformed.chosen
+    assert informed.acceptance.rates()[0] < uninformed.acceptance.rates()[0]
 
 
 def test_each_drafting_source_learns_its_own_acceptance():

@@ -51,7 +51,8 @@ def folder(module: str) -> str | None:
     return "."
 
 
-CALL_LAYERS = (".", "api", "options", "engine", "drafters", "quantized")  # the layers a call runs through, and the kernels
+# the layers a call runs through, and the kernels
+CALL_LAYERS = (".", "api", "options", "engine", "drafters", "quantized")
 
 
 def module_graph(folders: tuple[str, ...]) -> dict[str, dict[str, list[str]]]:

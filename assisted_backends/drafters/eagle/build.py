@@ -52,12 +52,16 @@ def check_head(head: Eagle3Head, target: ModelFacts) -> None:
         )
 
 
-def draft_costs(head: Eagle3Head, target: ModelFacts) -> dict[str, float]:
+def draft_costs(head: Eagle3Head, target: ModelFacts) -> dict[str, float | None]:
     """The schedule's priors: c ≈ the bytes of weights a head step reads at the precision it will draft in over
     the target's step bytes (both known), else its step parameters over the target's; its prompt pass likewise
-    by parameters."""
+    by parameters; α_1 its held-out acceptance when its training run recorded one."""
     step = head.body_parameters()
-    costs = dict(cost_ratio=step / target.parameters, prompt_pass_ratio=step / target.body_parameters)
+    costs: dict[str, float | None] = dict(
+        cost_ratio=step / target.parameters,
+        prompt_pass_ratio=step / target.body_parameters,
+        acceptance_prior=head.held_out_alpha,
+    )
     if target.weight_bytes:
         choice = choose_precision(head.precision, target.quantized_kernels, head.compute_device)
         head_bytes = head_step_bytes(head, choice, target.activation_dtype or torch.float32)

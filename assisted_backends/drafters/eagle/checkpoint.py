@@ -115,7 +115,20 @@ def load_head(directory: str | Path, dtype: torch.dtype | None = None, precision
     except RuntimeError as error:  # shapes that disagree with the config
         raise HeadCheckpointError(f"{directory}: the tensors do not fit its config.json: {error}") from None
     head.precision = precision
+    head.held_out_alpha = held_out_alpha(directory)
     return head.to(dtype or stored).eval()
+
+
+def held_out_alpha(directory: Path) -> float | None:
+    """α_1 of the head in `directory` on its training run's held-out prompts: the latest evaluation `train-draft`
+    wrote to training.json beside it (None for heads trained elsewhere). The schedule's prior for α_1: a head known
+    to be rarely right is not drafted with for rounds before its own counts say so."""
+    try:
+        report = json.loads((directory / "training.json").read_text())
+        alpha = float((report.get("latest") or report["untrained"])[0])
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return alpha if 0.0 <= alpha <= 1.0 else None
 
 
 def save_head(

@@ -143,6 +143,7 @@ class Eagle3Head(nn.Module):
         self._target_embedding: torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None = None
         self._target_rows: int | None = None
         self._precision = "auto"
+        self.held_out_alpha: float | None = None  # α_1 on its training run's held-out prompts, when known (`load_head`)
 
     # --- precision ------------------------------------------------------------------------------------------
 

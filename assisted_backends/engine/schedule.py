@@ -233,9 +233,10 @@ class AdaptiveSchedule:
     + 1) and α_1..α_initial), and so does a second one if the first accepted anything. Then γ follows the
     estimates; an unmeasured t_v(q) is taken as the largest measured one and an unreached α_i as α_{i−1}, so a
     good draft is pushed deeper round by round, and while plain decoding wins, a γ = 1 probe (the cheapest) runs
-    now and then. A switch to speculation must beat plain decoding by `margin`, so break-even pairs (c ≈ α) stay
-    plain. A draft whose try would cost more than `trial_budget` of the plain decoding left is never tried
-    (`worth_trying`), so plain decoding is the worst case, within the budgets.
+    now and then, ever more rarely while probes find nothing (`probe_wait`). A switch to speculation must beat
+    plain decoding by `margin`, so break-even pairs (c ≈ α) stay plain. A draft whose try would cost more than
+    `trial_budget` of the plain decoding left is never tried (`worth_trying`), so plain decoding is the worst
+    case, within the budgets.
     """
 
     def __init__(
@@ -369,6 +370,7 @@ class AdaptiveSchedule:
 
     def update(self, observation: RoundObservation) -> None:
         self.rounds += 1
+        probed, self._probing = self._probing, False  # a probe the drafter did not draft for counts as none
         gamma = observation.drafted
         batch = observation.batch or self.batch
         rows = observation.row_accepted or (observation.accepted,)
@@ -381,9 +383,8 @@ class AdaptiveSchedule:
         self.plain_streak = 0
         if sum(rows) > 0:
             self.failed_probes = 0
-        elif self._probing:
+        elif probed:
             self.failed_probes += 1
-        self._probing = False
         self.acceptance.update_rows(gamma, rows)  # a batch: one sample per row
         self.draft_step.add(batch, observation.draft_s / gamma)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from assisted_backends.drafters.eagle.checkpoint import TRAINING_RECORD
 from assisted_backends.train_draft.data import Example, load_shard, save_shard
 
 
@@ -70,7 +71,7 @@ class RunDirectory:
         return torch.load(head, weights_only=True), torch.load(optimizer, weights_only=True)
 
     def write_report(self, report: dict) -> None:
-        _write_text(self.root / "training.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+        _write_text(self.root / TRAINING_RECORD, json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def _write_text(path: Path, text: str) -> None:

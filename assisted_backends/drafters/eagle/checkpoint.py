@@ -119,12 +119,15 @@ def load_head(directory: str | Path, dtype: torch.dtype | None = None, precision
     return head.to(dtype or stored).eval()
 
 
+TRAINING_RECORD = "training.json"  # what `train-draft` writes beside a head (`train_draft.store`)
+
+
 def held_out_alpha(directory: Path) -> float | None:
     """α_1 of the head in `directory` on its training run's held-out prompts: the latest evaluation `train-draft`
     wrote to training.json beside it (None for heads trained elsewhere). The schedule's prior for α_1: a head known
     to be rarely right is not drafted with for rounds before its own counts say so."""
     try:
-        report = json.loads((directory / "training.json").read_text())
+        report = json.loads((directory / TRAINING_RECORD).read_text())
         alpha = float((report.get("latest") or report["untrained"])[0])
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None

@@ -12,9 +12,12 @@ the fastest precision here, the `.gguf` kept quantized on the package's kernels;
 (int8 next to such a target). Greedy, EOS ignored, exactly `--new-tokens` tokens; each case round-robin
 `--repeats` times after a warm-up, medians; every output checked token-identical to plain decoding.
 
-Reported per prompt: each method's speed-up over plain decoding; α and E of the head at constant γ = 4 (E: tokens
-per speculative round, the target's own token included); pooled over a turn kind: α = accepted / drafted, E =
-(accepted + rounds) / rounds, the median speed-ups, and c (one head draft step / one target decode step).
+Peer on the same quantized model and prompts: transformers' own `generate`, plain and with its prompt lookup (no
+transformers API drafts with an EAGLE-3 head); its lookup output is compared with its own plain output, not
+required equal. Reported per prompt: each method's speed-up over this package's plain decoding; α and E of the
+head at constant γ = 4 (E: tokens per speculative round, the target's own token included); pooled over a turn
+kind: α = accepted / drafted, E = (accepted + rounds) / rounds, the median speed-ups, and c (one head draft step /
+one target decode step).
 Heads: `<cache>/chat_heads/<target>` (`--heads TARGET=DIR` for others).
 """
 
@@ -72,15 +75,27 @@ def measure_prompt(target, head, prompt: torch.Tensor, new_tokens: int, repeats:
     def run(**extra):
         return lambda: generate(target, prompt, **common, **extra)
 
+    def transformers(**extra):  # the peer: transformers' own `generate` on the same quantized model
+        def call() -> list[int]:
+            with torch.inference_mode():  # EOS is off (`load_target`): exactly `new_tokens` tokens
+                out = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                                      do_sample=False, **extra)  # fmt: skip
+            return out[0, prompt.shape[1] :].tolist()
+
+        return call
+
     cases = {
         "plain": run(),
         "lookup": run(prompt_lookup_num_tokens=LOOKUP_TOKENS),
         "head": run(assistant_model=head),
         f"head_constant_{GAMMA}": run(assistant_model=head, num_assistant_tokens=GAMMA),
         "head+lookup": run(assistant_model=head, prompt_lookup_num_tokens=LOOKUP_TOKENS),
+        "transformers_plain": transformers(),
+        "transformers_lookup": transformers(prompt_lookup_num_tokens=LOOKUP_TOKENS),
     }
     reference = tokens_of(cases["plain"]())
-    identical = {name: tokens_of(case()) == reference for name, case in cases.items()}
+    outputs = {name: tokens_of(case()) for name, case in cases.items()}
+    identical = {name: out == reference for name, out in outputs.items() if not name.startswith("transformers")}
     timings = interleaved(cases, repeats, warmup=0)
     median = timings.medians()
     stats = timings.last(f"head_constant_{GAMMA}").stats
@@ -89,6 +104,7 @@ def measure_prompt(target, head, prompt: torch.Tensor, new_tokens: int, repeats:
         "median_s": {n: round(v, 4) for n, v in median.items()},
         "speedup_vs_plain": {n: round(median["plain"] / v, 3) for n, v in median.items()},
         "identical_to_plain": identical,
+        "transformers_lookup_equals_its_plain": outputs["transformers_lookup"] == outputs["transformers_plain"],
         "drafted": stats.drafted,
         "accepted": stats.accepted,
         "rounds": stats.speculative_rounds,
@@ -146,7 +162,8 @@ def main() -> None:
                 s = summary["median_speedup_vs_plain"]
                 print(f"{name:<22} {threads}t {kind:<5} | α {summary['alpha']:.2f} E({GAMMA}) "
                       f"{summary[f'E({GAMMA})']:.2f} c {c:.3f} | head {s['head']:.2f}x, lookup {s['lookup']:.2f}x, "
-                      f"head+lookup {s['head+lookup']:.2f}x, constant γ={GAMMA} {s[f'head_constant_{GAMMA}']:.2f}x"
+                      f"head+lookup {s['head+lookup']:.2f}x, constant γ={GAMMA} {s[f'head_constant_{GAMMA}']:.2f}x, "
+                      f"transformers plain {s['transformers_plain']:.2f}x, lookup {s['transformers_lookup']:.2f}x"
                       f" | identical: {summary['all_identical']}", flush=True)  # fmt: skip
     write_result(args.out, command_line("eagle_chat"), {"results": results})
 

@@ -19,7 +19,8 @@ import argparse
 import numpy as np
 import torch
 
-from assisted_backends.quantized import blocks, extension, kernels
+from assisted_backends.native import extension
+from assisted_backends.quantized import blocks, kernels
 from benchmarks.gguf_scaling import SHAPES
 from benchmarks.harness import RESULTS, command_line, interleaved, write_result
 from benchmarks.harness.memory import read_bandwidth_gbs

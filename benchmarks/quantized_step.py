@@ -40,7 +40,7 @@ PREFILL = (128, 512)
 def load_variants() -> dict[str, nn.Module]:
     import os
 
-    from assisted_backends.quantized.extension import SWITCH_VARIABLE
+    from assisted_backends.native.extension import SWITCH_VARIABLE
     from assisted_backends.quantized.model import load_gguf_quantized
 
     path = ensure_real_gguf("smollm2-135m-instruct")

@@ -16,7 +16,7 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 from assisted_backends.api.threads import set_threads  # noqa: E402
 
 set_threads(torch.get_num_threads())  # fixed for the suite: no test's first generate call probes its threads
-from assisted_backends.quantized import extension  # noqa: E402
+from assisted_backends.native import extension  # noqa: E402
 
 extension.status()  # build (once per machine) or load the package's kernels before any test moves the cache dir
 

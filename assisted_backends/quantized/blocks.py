@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from assisted_backends.quantized import extension
+from assisted_backends.native import extension
 from assisted_backends.quantized.gguf import _high_bits, _k_scale_min, _nibbles, require_gguf
 from assisted_backends.quantized.packing import round_up_to
 

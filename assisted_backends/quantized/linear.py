@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from assisted_backends.model_facts import QUANTIZED_MARKER  # noqa: F401 (the marker the quantizers set, here too)
-from assisted_backends.quantized import blocks, extension, kernels
+from assisted_backends.native import extension
+from assisted_backends.quantized import blocks, kernels
 from assisted_backends.quantized.blocks import BlockWeight
 from assisted_backends.quantized.int4_layout import layout
 from assisted_backends.quantized.packing import (

@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from assisted_backends import hf_compat
-from assisted_backends.quantized import blocks, cache, extension, gguf, kernels
+from assisted_backends.native import extension
+from assisted_backends.quantized import blocks, cache, gguf, kernels
 from assisted_backends.quantized.blocks import BlockWeight
 from assisted_backends.quantized.fusion import fuse_projections
 from assisted_backends.quantized.gguf_header import GGUFHeader, read_header

@@ -1,4 +1,4 @@
-"""The package's own CPU kernels (quantized/csrc): the formula, batch invariance on every path, the fallback.
+"""The package's own CPU kernels (native/csrc): the formula, batch invariance on every path, the fallback.
 
 Each instruction set this CPU runs is forced in turn (`isa=`, as `ASSISTED_BACKENDS_KERNEL_ISA` does for a
 whole model): the narrower paths on a wider CPU (AVX2 on an AVX-512 machine) must give the same bits.
@@ -131,7 +131,7 @@ def test_without_a_compiler_the_aten_path_serves_the_same_model(tmp_path):
         from assisted_backends import generate
         from assisted_backends.backends.base import BackendOptions
         from assisted_backends.backends.cpu.backend import CPUBackend
-        from assisted_backends.quantized import extension
+        from assisted_backends.native import extension
         print("STATUS", extension.status().line())
         backend = CPUBackend(BackendOptions(dtype="int4"))
         target = backend.prepare(tiny_model("llama", seed=0), "target")

@@ -14,7 +14,7 @@ from test_train_draft_chat import conversation, write_log
 from assisted_backends.api import threads
 from assisted_backends.hf_compat import model_device
 from assisted_backends.model_facts import quantized_kernels
-from assisted_backends.quantized import extension
+from assisted_backends.native import extension
 from assisted_backends.train_draft.cli import main
 from assisted_backends.train_draft.target_tables import dense_rows
 from assisted_backends.train_draft.trainer import load_target

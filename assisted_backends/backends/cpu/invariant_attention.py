@@ -10,7 +10,7 @@ row j is computed alone through the model's own SDPA attention, over the keys a 
 position sees (the first L_j columns, L_j = its last attended column + 1), with the mask dropped where it
 masks nothing, as it is in a decode step: bit for bit the step's result, for decode steps too.
 
-Where the package's kernels run (`quantized.extension`), all rows go to one call of its row-attention kernel,
+Where the package's kernels run (`native.extension`), all rows go to one call of its row-attention kernel,
 which computes each row alone in one fixed order (no Python loop over rows: prefill of a long prompt stays one
 call a layer); elsewhere each row goes through SDPA as described above.
 
@@ -62,16 +62,16 @@ def batch_invariant_attention(
 
 def _row_kernel_serves(query: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict) -> bool:
     """Whether the package's row-attention kernel computes this call (fp32, a boolean mask or none, no sinks)."""
-    from assisted_backends.quantized import extension
+    from assisted_backends.native import extension
 
     plain = attention_mask is None or attention_mask.dtype == torch.bool
     return plain and query.dtype == torch.float32 and kwargs.get("s_aux") is None and extension.available()
 
 
 def _row_kernel(query, key, value, attention_mask, scaling: float | None) -> torch.Tensor:
-    """All rows in one call of `row_attention` (quantized/csrc/row_attention.cpp): each row over its own keys
+    """All rows in one call of `row_attention` (native/csrc/row_attention.cpp): each row over its own keys
     t < L_j in one fixed order of fp32 operations, so the same bits whatever the number of rows."""
-    from assisted_backends.quantized import extension
+    from assisted_backends.native import extension
 
     q_len, key_len = query.shape[2], key.shape[2]
     if attention_mask is None:

@@ -32,7 +32,17 @@ from assisted_backends.cache_dir import cache_root
 
 SOURCE = Path(__file__).with_name("csrc") / "block_kernels.cpp"
 SOURCES = (SOURCE, SOURCE.with_name("row_attention.cpp"))
-ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the C++ enum's order
+ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the C++ enum's order (csrc/cpu_features.h)
+#: CPUID features as /proc/cpuinfo names them, in the bit order of csrc/cpu_features.h
+FEATURES = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8")
+#: what each path needs, each checked on its own (AVX-512 VNNI does not imply AVX-VNNI: Zen 4, Cascade Lake)
+PATH_NEEDS = {
+    "scalar": frozenset(),
+    "avx2": frozenset({"avx2", "fma", "f16c"}),
+    "avxvnni": frozenset({"avx2", "fma", "f16c", "avx_vnni"}),
+    "avx512vnni": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+}
+PREFERENCE = ("avx512vnni", "avxvnni", "avx2", "scalar")  # the default path: the first one the CPU runs
 ISA_VARIABLE = "ASSISTED_BACKENDS_KERNEL_ISA"
 SWITCH_VARIABLE = "ASSISTED_BACKENDS_KERNELS"
 # -fopenmp: at::parallel_for runs serially without it; -ffp-contract=off: no FMA may change an fp32 sum's rounding
@@ -62,6 +72,22 @@ def _cpu_flags() -> set[str]:
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
     return set()
+
+
+def paths_for(flags: set[str] | frozenset[str]) -> list[str]:
+    """The paths a CPU with these /proc/cpuinfo flags runs, in ISA_NAMES order (each on its own flags)."""
+    return [name for name in ISA_NAMES if PATH_NEEDS[name] <= set(flags)]
+
+
+def best_for(flags: set[str] | frozenset[str]) -> str:
+    """The path used when none is forced on a CPU with these flags."""
+    runnable = paths_for(flags)
+    return next(name for name in PREFERENCE if name in runnable)
+
+
+def feature_mask(flags: set[str] | frozenset[str]) -> int:
+    """The C++ side's feature bits for a set of /proc/cpuinfo flags (to ask it what such a CPU would run)."""
+    return sum(1 << bit for bit, name in enumerate(FEATURES) if name in flags)
 
 
 def _cpu_key() -> str:
@@ -160,13 +186,17 @@ def available() -> bool:
 
 
 def forced_isa() -> int:
-    """The instruction set the kernels use: -1 for the CPU's best, or a narrower one the environment names
-    (read on every call, so a test can switch it; one dict lookup while it is unchanged)."""
+    """The instruction set the kernels use: -1 for the CPU's best, or the one the environment names, which this
+    CPU must run (read on every call, so a test can switch it; one dict lookup while it is unchanged). A name
+    the package does not know, or a path this CPU lacks, is a one-line ValueError (never an illegal instruction)."""
     raw = os.environ.get(ISA_VARIABLE, "")
     if raw != _forced[0]:
         name = raw.strip().lower()
         if name and name not in ISA_NAMES:
             raise ValueError(f"{ISA_VARIABLE}={raw!r} is not one of {', '.join(ISA_NAMES)} (or unset: the CPU's best)")
+        if name and available() and name not in runnable_isas():
+            raise ValueError(f"{ISA_VARIABLE}={raw!r}: this CPU does not run the {name} path (it runs "
+                             f"{', '.join(runnable_isas())}); name one of these or unset it")  # fmt: skip
         _forced[:] = [raw, ISA_NAMES.index(name) if name else -1]
     return _forced[1]
 
@@ -175,10 +205,11 @@ _forced: list = ["", -1]
 
 
 def runnable_isas() -> list[str]:
-    """Every path this CPU can run, narrowest first (for tests)."""
+    """Every path this CPU runs (CPUID, each path on its own flags), in ISA_NAMES order (for tests)."""
     if not available():
         return []
-    return list(ISA_NAMES[: ISA_NAMES.index(status().isa) + 1])
+    mask = int(torch.ops.assisted_backends.block_cpu_paths(-1))
+    return [name for bit, name in enumerate(ISA_NAMES) if mask >> bit & 1]
 
 
 _FAKES_REGISTERED = False

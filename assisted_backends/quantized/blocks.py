@@ -92,9 +92,10 @@ class BlockWeight:
 
     def matmul(self, x: torch.Tensor, isa: int | None = None) -> torch.Tensor:
         """y [..., N] = x [..., K] Wᵀ on the package's kernel, in x's dtype (`isa`: None for the process's choice)."""
-        return torch.ops.assisted_backends.block_linear.default(
-            x, *self.kernel_arguments(), extension.forced_isa() if isa is None else isa
-        )
+        isa = extension.forced_isa() if isa is None else isa
+        if not torch.compiler.is_compiling() and not extension.available():  # loads the library
+            raise RuntimeError(f"the package's kernels do not run here: {extension.status().reason}")
+        return torch.ops.assisted_backends.block_linear.default(x, *self.kernel_arguments(), isa)
 
     # -- reading back (the embedding's row gather, checks, the reference) --------------------------------------
 
@@ -286,13 +287,20 @@ def from_float(weight: torch.Tensor, bits: int) -> BlockWeight | None:
 
 
 def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] -> q_x int8 [M, K], d_x [M, K/32], z_x = d_x · Σ q_x [M, K/32], Σ q_x per 16 columns [M, K/16]."""
+    """x [M, K] -> q_x int8 [M, K], d_x [M, K/32], z_x = d_x · Σ q_x [M, K/32], Σ q_x per 16 columns [M, K/16].
+
+    d_x = max |x| / 127 per block of 32, q_x = round-half-even(x / d_x) in [−127, 127]. A block holding a NaN or
+    an infinity gets d_x = NaN and q_x = 0 (its row's outputs are NaN, as the dense product's are NaN or ±inf);
+    a block whose 1 / d_x overflows (max |x| below ~3.7e-37) quantizes to zeros."""
     x = x.float()
     m, k = x.shape
     blocks = x.view(m, k // BLOCK, BLOCK)
-    d = blocks.abs().amax(dim=-1) / 127.0
-    inverse = torch.where(d != 0, 1.0 / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
-    q = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8).view(m, k)
+    finite = torch.isfinite(blocks).all(dim=-1)
+    d = torch.where(finite, blocks.abs().amax(dim=-1) / 127.0, torch.full_like(finite, float("nan"), dtype=x.dtype))
+    reciprocal = 1.0 / torch.where(finite & (d != 0), d, torch.ones_like(d))
+    inverse = torch.where(finite & (d != 0) & torch.isfinite(reciprocal), reciprocal, torch.zeros_like(d))
+    scaled = torch.where(finite[..., None], blocks * inverse[..., None], torch.zeros_like(blocks))
+    q = torch.round(scaled).clamp(-127, 127).to(torch.int8).view(m, k)
     sums16 = q.view(m, k // 16, 16).sum(dim=-1, dtype=torch.int32)
     sums32 = sums16.view(m, k // BLOCK, 2).sum(dim=-1)
     return q, d, d * sums32.float(), sums16

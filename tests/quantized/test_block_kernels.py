@@ -15,7 +15,8 @@ import pytest
 import torch
 from quantized_fixtures import random_blocks
 
-from assisted_backends.quantized import blocks, extension, gguf, kernels
+from assisted_backends.native import extension
+from assisted_backends.quantized import blocks, gguf, kernels
 
 pytest.importorskip("gguf", reason="the block formats come from the gguf package's tables")
 pytestmark = [

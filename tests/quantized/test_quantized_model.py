@@ -12,7 +12,8 @@ pytest.importorskip("accelerate", reason="building the model with empty weights 
 
 from quantized_fixtures import Q4_K_M_LIKE, write_tiny_llama_gguf  # noqa: E402
 
-from assisted_backends.native import extension, kernels  # noqa: E402
+from assisted_backends.native import extension  # noqa: E402
+from assisted_backends.quantized import kernels  # noqa: E402
 from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear  # noqa: E402
 from assisted_backends.quantized.model import load_gguf_quantized  # noqa: E402
 

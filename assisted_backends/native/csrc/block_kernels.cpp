@@ -22,11 +22,14 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "cpu_features.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -86,16 +89,23 @@ inline int32_t group_bsum(const Activations& a, int64_t row, int64_t g, int grou
 
 // ---- activation quantization (one row at a time; independent of M by construction) -------------------
 
+// A block holding a NaN or an infinity gets d_x = NaN and q_x = 0, so every output of the row is NaN (the dense
+// product gives NaN or ±inf there); a block whose 1 / d_x overflows (max |x| below ~3.7e-37) gets q_x = 0.
 void quantize_row(const float* x, int64_t k, int8_t* q, float* dx, float* zx, int32_t* bsum) {
   for (int64_t b = 0; b < k / kBlock; ++b) {
     const float* xb = x + b * kBlock;
     float amax = 0.0f;
-    for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    bool finite = true;
+    for (int j = 0; j < kBlock; ++j) {
+      amax = std::max(amax, std::fabs(xb[j]));
+      finite = finite && std::isfinite(xb[j]);
+    }
+    const float d = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    float id = finite && d != 0.0f ? 1.0f / d : 0.0f;
+    if (!std::isfinite(id)) id = 0.0f;
     int32_t halves[2] = {0, 0};
     for (int j = 0; j < kBlock; ++j) {
-      float r = std::nearbyint(xb[j] * id);
+      float r = finite ? std::nearbyint(xb[j] * id) : 0.0f;
       r = std::min(127.0f, std::max(-127.0f, r));
       const int8_t v = int8_t(r);
       q[b * kBlock + j] = v;
@@ -262,13 +272,16 @@ TileFn pick(int64_t isa, int bits, int rows) {
   return bits == 4 ? pick_avx2<4>(rows) : pick_avx2<8>(rows);
 }
 
-int64_t best_isa() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-    return kAvx512Vnni;
-  if (__builtin_cpu_supports("avxvnni") && __builtin_cpu_supports("avx2")) return kAvxVnni;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return kAvx2;
-  return kScalar;
+int64_t best_isa() { return ab_cpu::best_of(ab_cpu::paths()); }
+
+// The path a call runs: the CPU's best (isa < 0) or the one named, which this CPU must run (checked on its own
+// flags: a path the CPU lacks is an error, never an illegal instruction).
+int64_t checked_isa(int64_t isa) {
+  if (isa < 0) return best_isa();
+  TORCH_CHECK(isa < ab_cpu::kPaths && (ab_cpu::paths() >> isa) & 1, "block kernels: this CPU does not run the ",
+              ab_cpu::path_name(isa), " path (it runs ", ab_cpu::path_list(ab_cpu::paths()),
+              "): set ASSISTED_BACKENDS_KERNEL_ISA to one of these, or unset it");
+  return isa;
 }
 
 // ---- ops --------------------------------------------------------------------------------------------------
@@ -338,7 +351,7 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   if (m > 0) {
     auto [q, dx, zx, bsum] = quantize_activations(rows);
     const Activations a{q.data_ptr<int8_t>(), dx.data_ptr<float>(), zx.data_ptr<float>(), bsum.data_ptr<int32_t>(), m, k};
-    const int64_t chosen = isa < 0 ? best_isa() : std::min(isa, best_isa());
+    const int64_t chosen = checked_isa(isa);
     float* yp = y.data_ptr<float>();
     const int64_t tiles = (n + kTile - 1) / kTile;
     // At least ~64 KB of weight work a thread: a small layer's tiles are not worth a second thread's wake-up.
@@ -366,6 +379,8 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& codes, const at::
 }
 
 int64_t cpu_isa() { return best_isa(); }
+int64_t cpu_features() { return ab_cpu::features(); }
+int64_t cpu_paths(int64_t features) { return ab_cpu::paths_for(features < 0 ? ab_cpu::features() : features); }
 
 }  // namespace
 
@@ -374,6 +389,8 @@ TORCH_LIBRARY(assisted_backends, m) {
         "int k, int bits, int group, int sb, int offset, int isa) -> Tensor");
   m.def("block_quantize_activations(Tensor x) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("block_cpu_isa() -> int", &cpu_isa);
+  m.def("block_cpu_features() -> int", &cpu_features);
+  m.def("block_cpu_paths(int features) -> int", &cpu_paths);
 }
 
 TORCH_LIBRARY_IMPL(assisted_backends, CPU, m) {

@@ -11,6 +11,8 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "cpu_features.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -187,10 +189,7 @@ AB_AVX2 void row_avx2(const Row& row, const std::vector<int64_t>& keys, std::vec
   }
 }
 
-bool has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
+bool has_avx2() { return ab_cpu::has(ab_cpu::features(), ab_cpu::kAvx2 | ab_cpu::kFma); }
 
 // q [B, H, M, D], k / v [B, Hkv, T, D], mask bool [B, 1 or H, M, T] or undefined, lengths int64 [M] (keys t < L_m).
 // Returns [B, M, H, D].

@@ -1,0 +1,397 @@
+// A decoder step in one call: every layer of a Llama-family model around the package's kernels.
+//
+// For the rows r = (b, m) of one forward (B rows of M new tokens each, position p[b, m], cache slot s0 + m):
+//   h_r   = E[token_r]                                              embedding row, dequantized exactly
+//   per layer l:
+//     x     = RMSNorm(h; w_in)                                      Σ x² in 8 lanes over d, then a fixed tree
+//     q,k,v = x W_qkvᵀ (+ b)                                        block_linear (one fused call or three)
+//     q,k   = RMSNorm per head (Qwen3) ; rotary(p)                  q·cos + rotate_half(q)·sin, no FMA
+//     K[l, b, :, s0 + m] = k ; V[...] = v                           the row's own preallocated cache
+//     a     = Σ_t softmax_t(q · K_t · scale) V_t                    row_attention: keys t < s0 + m + 1, t ascending
+//     h     = h + a W_oᵀ
+//     x     = RMSNorm(h; w_post)
+//     h     = h + (SiLU(x W_gᵀ) · x W_uᵀ) W_dᵀ                      SiLU(g) = g / (1 + exp(−g)), one polynomial exp
+//   logits  = RMSNorm(h; w_final) W_headᵀ                           for the last `keep` rows of each b only
+// Every op computes a row alone in one fixed order of fp32 operations (built with -ffp-contract=off), and the
+// kernels (block_linear, row_attention, reached through the dispatcher) are batch-invariant, so a verify pass
+// over M rows returns, row by row, what M one-token steps return. The kernels run their own parallel regions;
+// the ops between them are a few KB a row, done serially for a step and over rows for a long prefill.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
+                            const OptTensor&, const OptTensor&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                            int64_t);
+using AttentionFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
+                               const at::Tensor&, double, int64_t);
+
+constexpr int kTile = 16;
+
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else {
+      exponent = 127 - 15 + 1;
+      while ((mantissa & 0x400) == 0) { mantissa <<= 1; --exponent; }
+      bits = sign | (exponent << 23) | ((mantissa & 0x3FF) << 13);
+    }
+  } else if (exponent == 31) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+// One block-quantized matrix W [n, k] in the kernels' layout (quantized/blocks.py), with its optional bias.
+struct Linear {
+  at::Tensor codes, d;
+  OptTensor dmin, sc, mn, bias;
+  int64_t n = 0, k = 0, bits = 0, group = 0, sb = 0, offset = 0;
+
+  // Row `row` of W in fp32: S·v + Z computed in double and rounded once (BlockWeight.rows' values).
+  void dequantize_row(int64_t row, float* out) const {
+    const int64_t t = row / kTile, lane = row % kTile, groups = k / group, supers = groups / sb;
+    const int64_t group_bytes = bits == 4 ? 256 : group * kTile;
+    const uint8_t* cp = codes.data_ptr<uint8_t>();
+    const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
+    const uint16_t* mp = dmin ? reinterpret_cast<const uint16_t*>(dmin->data_ptr<at::Half>()) : nullptr;
+    const int8_t* scp = sc ? sc->data_ptr<int8_t>() : nullptr;
+    const int8_t* mnp = mn ? mn->data_ptr<int8_t>() : nullptr;
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = half_to_float(dp[(t * supers + g / sb) * kTile + lane]);
+      if (scp) s = s * float(scp[(t * groups + g) * kTile + lane]);
+      float z = 0.0f;
+      if (mp) {
+        z = half_to_float(mp[(t * supers + g / sb) * kTile + lane]);
+        if (mnp) z = z * float(mnp[(t * groups + g) * kTile + lane]);
+      }
+      const uint8_t* tg = cp + (t * groups + g) * group_bytes;
+      for (int64_t col = 0; col < group; ++col) {
+        int v;
+        if (bits == 8) {
+          v = int(tg[(col / 4) * 64 + lane * 4 + col % 4]) - 128;
+        } else {
+          const int64_t c = col % 16;
+          const uint8_t byte = tg[(c / 4) * 64 + lane * 4 + c % 4];
+          v = int(col >= 16 ? byte >> 4 : byte & 0x0F) - int(offset);
+        }
+        double w = double(v) * double(s);
+        if (mp) w = w + double(z);
+        out[g * group + col] = float(w);
+      }
+    }
+  }
+};
+
+struct Layer {
+  std::vector<Linear> qkv;      // one fused [q; k; v] or three
+  Linear o;
+  std::vector<Linear> gate_up;  // one fused [gate; up] or two
+  Linear down;
+  at::Tensor input_norm, post_norm;  // [D]
+  OptTensor q_norm, k_norm;          // [Dh] (Qwen3)
+};
+
+// ---- row ops: scalar and AVX2 bodies compute the same operations in the same order -------------------------
+
+inline float tree8(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+#define AB_AVX2 __attribute__((target("avx2,fma")))
+
+AB_AVX2 float sum_squares(const float* x, int64_t n) {
+  alignas(32) float lanes[8];
+  int64_t i = 0;
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+  }
+  _mm256_store_ps(lanes, acc);
+  for (; i < n; ++i) lanes[i % 8] = lanes[i % 8] + x[i] * x[i];
+  return tree8(lanes);
+}
+
+// y = w · (x · 1/sqrt(Σx²/n + eps))   (transformers' order: normalize, then the weight)
+AB_AVX2 void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y) {
+  const float variance = sum_squares(x, n) / float(n);
+  const float r = 1.0f / std::sqrt(variance + eps);
+  int64_t i = 0;
+  const __m256 rv = _mm256_set1_ps(r);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), rv)));
+  for (; i < n; ++i) y[i] = w[i] * (x[i] * r);
+}
+
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+
+// exp(x) on [−87, 88] (clamped there): x = n ln2 + r, a degree-6 polynomial in r, times 2^n.
+inline float exp_scalar(float x) {
+  x = std::min(88.0f, std::max(-87.0f, x));
+  const float n = std::nearbyint(x * kLog2e);
+  float r = x - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &p, 4);
+  bits += int32_t(n) << 23;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+AB_AVX2 __m256 exp_avx2(__m256 x) {
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(kLn2Hi)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(kLn2Lo)));
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23)));
+}
+
+// out = SiLU(g) · u = (g / (1 + exp(−g))) · u
+AB_AVX2 void silu_mul(const float* g, const float* u, int64_t n, float* out) {
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 e = exp_avx2(_mm256_sub_ps(zero, gv));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) out[i] = (g[i] / (1.0f + exp_scalar(0.0f - g[i]))) * u[i];
+}
+
+AB_AVX2 void add_into(float* h, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(h + i, _mm256_add_ps(_mm256_loadu_ps(h + i), _mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) h[i] = h[i] + x[i];
+}
+
+// out = x·cos + rotate_half(x)·sin, rotate_half(x) = [−x2, x1]   (transformers' apply_rotary_pos_emb)
+inline void rotate(const float* x, const float* cos, const float* sin, int64_t d, float* out) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) out[i] = x[i] * cos[i] + (-x[i + half]) * sin[i];
+  for (int64_t i = half; i < d; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
+}
+
+// Rows [begin, end) of work that costs `cost` a row: serial below ~32 KB of row work (a step, a verify pass).
+template <typename F>
+void over_rows(int64_t rows, int64_t cost, const F& body) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, cost));
+  if (rows <= grain) {
+    body(0, rows);
+  } else {
+    at::parallel_for(0, rows, grain, body);
+  }
+}
+
+class Decoder {
+ public:
+  Decoder(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
+          double scale, at::Tensor final_norm, Linear embedding, Linear head)
+      : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), intermediate_(intermediate),
+        eps_(float(eps)), scale_(scale), final_norm_(final_norm.contiguous()), embedding_(std::move(embedding)),
+        head_(std::move(head)) {
+    linear_.emplace(c10::Dispatcher::singleton().findSchemaOrThrow("assisted_backends::block_linear", "").typed<LinearFn>());
+    attention_.emplace(
+        c10::Dispatcher::singleton().findSchemaOrThrow("assisted_backends::row_attention", "").typed<AttentionFn>());
+    TORCH_CHECK(head_dim % 2 == 0, "decoder: head_dim must be even");
+  }
+
+  void add_layer(std::vector<Linear> qkv, Linear o, std::vector<Linear> gate_up, Linear down, at::Tensor input_norm,
+                 at::Tensor post_norm, OptTensor q_norm, OptTensor k_norm) {
+    TORCH_CHECK(qkv.size() == 1 || qkv.size() == 3, "decoder: q/k/v as one fused matrix or three");
+    TORCH_CHECK(gate_up.size() == 1 || gate_up.size() == 2, "decoder: gate/up as one fused matrix or two");
+    layers_.push_back(Layer{std::move(qkv), std::move(o), std::move(gate_up), std::move(down), input_norm.contiguous(),
+                            post_norm.contiguous(), q_norm, k_norm});
+  }
+
+  void set_rotary(at::Tensor cos, at::Tensor sin) {  // [P, Dh] each: positions 0..P-1
+    TORCH_CHECK(cos.dim() == 2 && cos.size(1) == head_dim_ && sin.sizes() == cos.sizes(), "decoder: rotary tables");
+    cos_ = cos.to(at::kFloat).contiguous();
+    sin_ = sin.to(at::kFloat).contiguous();
+  }
+
+  int64_t rotary_positions() const { return cos_.defined() ? cos_.size(0) : 0; }
+
+  // tokens, positions [B, M]; keys / values per layer [B, Hkv, C, Dh]; mask [B, 1, 1, C] bool or none.
+  // Returns logits [B, keep, V] of each b's last `keep` rows (keep = 0: all M), or their final hidden states
+  // [B, keep, D] before the head with `hidden_only`.
+  at::Tensor step(const at::Tensor& tokens, const at::Tensor& positions, int64_t start, const std::vector<at::Tensor>& keys,
+                  const std::vector<at::Tensor>& values, const OptTensor& mask, int64_t keep, int64_t isa) {
+    TORCH_CHECK(tokens.dim() == 2 && positions.sizes() == tokens.sizes(), "decoder: tokens and positions are [B, M]");
+    TORCH_CHECK(int64_t(keys.size()) == layers() && int64_t(values.size()) == layers(), "decoder: one cache per layer");
+    const int64_t B = tokens.size(0), M = tokens.size(1), R = B * M, D = hidden_, Dh = head_dim_;
+    const int64_t H = heads_, Hkv = kv_heads_, I = intermediate_;
+    TORCH_CHECK(R > 0, "decoder: no rows");
+    const int64_t capacity = keys[0].size(2);
+    TORCH_CHECK(start >= 0 && start + M <= capacity, "decoder: the cache holds ", capacity, " positions, not ", start + M);
+    const at::Tensor tok = tokens.to(at::kLong).contiguous(), pos = positions.to(at::kLong).contiguous();
+    const int64_t* tp = tok.data_ptr<int64_t>();
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    for (int64_t r = 0; r < R; ++r) {
+      TORCH_CHECK(tp[r] >= 0 && tp[r] < embedding_.n, "decoder: token id ", tp[r], " outside the vocabulary");
+      TORCH_CHECK(pp[r] >= 0 && pp[r] < rotary_positions(), "decoder: position ", pp[r], " outside the rotary table");
+    }
+    at::Tensor h = at::empty({R, D}, at::kFloat);
+    float* hp = h.data_ptr<float>();
+    over_rows(R, D * 4, [&](int64_t b0, int64_t b1) {
+      for (int64_t r = b0; r < b1; ++r) embedding_.dequantize_row(tp[r], hp + r * D);
+    });
+    at::Tensor x = at::empty({R, D}, at::kFloat);
+    at::Tensor q = at::empty({B, H, M, Dh}, at::kFloat);
+    at::Tensor act = at::empty({R, I}, at::kFloat);
+    at::Tensor lengths = at::arange(start + 1, start + M + 1, at::kLong);
+    float *xp = x.data_ptr<float>(), *qp = q.data_ptr<float>(), *ap = act.data_ptr<float>();
+    const float* cosp = cos_.data_ptr<float>();
+    const float* sinp = sin_.data_ptr<float>();
+
+    for (int64_t l = 0; l < layers(); ++l) {
+      const Layer& layer = layers_[l];
+      norm_rows(hp, layer.input_norm.data_ptr<float>(), R, D, xp);
+      // q, k, v: pointers and row strides into one fused output or three
+      std::vector<at::Tensor> outs;
+      for (const Linear& w : layer.qkv) outs.push_back(run(w, x, isa));
+      const float *qs, *ks, *vs;
+      int64_t qstride, kstride, vstride;
+      if (outs.size() == 1) {
+        qs = outs[0].data_ptr<float>(); ks = qs + H * Dh; vs = ks + Hkv * Dh;
+        qstride = kstride = vstride = outs[0].size(1);
+      } else {
+        qs = outs[0].data_ptr<float>(); ks = outs[1].data_ptr<float>(); vs = outs[2].data_ptr<float>();
+        qstride = outs[0].size(1); kstride = outs[1].size(1); vstride = outs[2].size(1);
+      }
+      float* kc = keys[l].data_ptr<float>();
+      float* vc = values[l].data_ptr<float>();
+      const float* qn = layer.q_norm ? layer.q_norm->data_ptr<float>() : nullptr;
+      const float* kn = layer.k_norm ? layer.k_norm->data_ptr<float>() : nullptr;
+      over_rows(R, (H + 2 * Hkv) * Dh * 2, [&](int64_t r0, int64_t r1) {
+        std::vector<float> tmp(Dh);
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t b = r / M, m = r % M, p = pp[r];
+          const float* c = cosp + p * Dh;
+          const float* s = sinp + p * Dh;
+          for (int64_t hh = 0; hh < H; ++hh) {
+            const float* src = qs + r * qstride + hh * Dh;
+            if (qn) { rms_norm(src, qn, Dh, eps_, tmp.data()); src = tmp.data(); }
+            rotate(src, c, s, Dh, qp + ((b * H + hh) * M + m) * Dh);
+          }
+          for (int64_t hh = 0; hh < Hkv; ++hh) {
+            const float* src = ks + r * kstride + hh * Dh;
+            if (kn) { rms_norm(src, kn, Dh, eps_, tmp.data()); src = tmp.data(); }
+            const int64_t slot = ((b * Hkv + hh) * capacity + start + m) * Dh;
+            rotate(src, c, s, Dh, kc + slot);
+            std::memcpy(vc + slot, vs + r * vstride + hh * Dh, Dh * sizeof(float));
+          }
+        }
+      });
+      outs.clear();
+      const at::Tensor attended = attention_->call(q, keys[l], values[l], mask, lengths, scale_, isa);  // [B, M, H, Dh]
+      add_rows(hp, run(layer.o, attended.view({R, H * Dh}), isa), R, D);
+      norm_rows(hp, layer.post_norm.data_ptr<float>(), R, D, xp);
+      if (layer.gate_up.size() == 1) {
+        const at::Tensor gu = run(layer.gate_up[0], x, isa);
+        const float* gp = gu.data_ptr<float>();
+        over_rows(R, I * 8, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) silu_mul(gp + r * 2 * I, gp + r * 2 * I + I, I, ap + r * I);
+        });
+      } else {
+        const at::Tensor g = run(layer.gate_up[0], x, isa), u = run(layer.gate_up[1], x, isa);
+        const float *gp = g.data_ptr<float>(), *up = u.data_ptr<float>();
+        over_rows(R, I * 8, [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) silu_mul(gp + r * I, up + r * I, I, ap + r * I);
+        });
+      }
+      add_rows(hp, run(layer.down, act, isa), R, D);
+    }
+    const int64_t kept = (keep <= 0 || keep > M) ? M : keep;
+    at::Tensor last = at::empty({B * kept, D}, at::kFloat);
+    float* lp = last.data_ptr<float>();
+    const float* fn = final_norm_.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < kept; ++j) rms_norm(hp + (b * M + M - kept + j) * D, fn, D, eps_, lp + (b * kept + j) * D);
+    return run(head_, last, isa).view({B, kept, head_.n});
+  }
+
+  int64_t layers() const { return int64_t(layers_.size()); }
+
+ private:
+  at::Tensor run(const Linear& w, const at::Tensor& x, int64_t isa) const {
+    return linear_->call(x, w.codes, w.d, w.dmin, w.sc, w.mn, w.bias, w.n, w.k, w.bits, w.group, w.sb, w.offset, isa);
+  }
+
+  void norm_rows(const float* h, const float* w, int64_t rows, int64_t d, float* out) const {
+    over_rows(rows, d * 4, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) rms_norm(h + r * d, w, d, eps_, out + r * d);
+    });
+  }
+
+  static void add_rows(float* h, const at::Tensor& y, int64_t rows, int64_t d) {
+    const float* yp = y.data_ptr<float>();
+    over_rows(rows, d, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) add_into(h + r * d, yp + r * d, d);
+    });
+  }
+
+  int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
+  float eps_;
+  double scale_;
+  at::Tensor final_norm_, cos_, sin_;
+  Linear embedding_, head_;
+  std::vector<Layer> layers_;
+  std::optional<c10::TypedOperatorHandle<LinearFn>> linear_;
+  std::optional<c10::TypedOperatorHandle<AttentionFn>> attention_;
+};
+
+Linear make_linear(at::Tensor codes, at::Tensor d, OptTensor dmin, OptTensor sc, OptTensor mn, OptTensor bias, int64_t n,
+                   int64_t k, int64_t bits, int64_t group, int64_t sb, int64_t offset) {
+  Linear w;
+  w.codes = codes; w.d = d; w.dmin = dmin; w.sc = sc; w.mn = mn;
+  w.bias = bias ? OptTensor(bias->to(at::kFloat).contiguous()) : std::nullopt;
+  w.n = n; w.k = k; w.bits = bits; w.group = group; w.sb = sb; w.offset = offset;
+  return w;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  pybind11::class_<Linear>(m, "Linear");
+  m.def("make_linear", &make_linear);
+  pybind11::class_<Decoder>(m, "Decoder")
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor, Linear, Linear>())
+      .def("add_layer", &Decoder::add_layer)
+      .def("set_rotary", &Decoder::set_rotary)
+      .def("rotary_positions", &Decoder::rotary_positions)
+      .def("layers", &Decoder::layers)
+      .def("step", &Decoder::step, pybind11::call_guard<pybind11::gil_scoped_release>());
+}

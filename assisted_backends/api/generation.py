@@ -15,7 +15,11 @@ A call is resolved into a frozen plan (`api.plan`), then run (`api.run`). Argume
 - the package's own: `schedule` ("adaptive": γ chosen online, 0 when speculation cannot win; "constant":
   always `num_assistant_tokens`, default 4), `seed`, `cache_layout`, `static_shapes`, and for the device
   `device`, `dtype`, `draft_precision`, `bucket_size` (or a resolved `backend`), and `threads` (CPU threads;
-  default: measured once per process, `api.threads`).
+  default: measured once per process, `api.threads`);
+- `suffix_cache`: suffix decoding, no draft model (`drafters.suffix`): True drafts from the cache this process keeps
+  for the target (every call given True adds its prompts and outputs to it), a `SuffixCache` object from that
+  one (share it between calls, generators and queues explicitly); given to `AssistedGenerator` (or `enable`), the
+  default of its calls.
 Greedy output is token-identical to the target's `model.generate`; sampling draws from the same
 distribution (lossless speculative sampling). `model` / `assistant_model` may name a saved model
 directory, a `.gguf` file (or a directory holding one) or a Hub id (`loading.models`).
@@ -34,10 +38,11 @@ from transformers import GenerationConfig, PreTrainedModel
 
 from assisted_backends.api import threads as cpu_threads
 from assisted_backends.api.plan import CallSettings, GenerationPlan, plan_generation
-from assisted_backends.api.queue import DEFAULT_SLOTS, PromptLike, QueueResult, generate_many
+from assisted_backends.api.queue import DEFAULT_SLOTS, PromptLike, QueueResult, as_prompts, generate_many
 from assisted_backends.api.run import GenerateResult, launched_ranks, run
 from assisted_backends.backends.base import Backend, BackendOptions, unprepared
 from assisted_backends.backends.registry import resolve_backend
+from assisted_backends.drafters.suffix.cache import SuffixCache, cache_for
 from assisted_backends.loading import models
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
@@ -62,6 +67,7 @@ class ModelSetup:
     bucket_size: int | None = None
     backend: Backend | None = None
     threads: int | None = None
+    suffix_cache: SuffixCache | bool | None = None
 
     @classmethod
     def names(cls) -> frozenset[str]:
@@ -112,6 +118,7 @@ class AssistedGenerator:
         bucket_size: int | None = None,
         backend: Backend | None = None,
         threads: int | None = None,
+        suffix_cache: SuffixCache | bool | None = None,
     ) -> None:
         ranges.check_integer("bucket_size", bucket_size, minimum=1)
         ranges.check_integer("threads", threads, minimum=1)
@@ -128,6 +135,7 @@ class AssistedGenerator:
         self.backend = backend or resolve_backend(device, BackendOptions(dtype, draft_precision, bucket_size))
         self.facts = ModelFacts.of(self.model)
         self.draft_facts = ModelFacts.of(self.assistant_model) if self.assistant_model is not None else None
+        self.suffix_cache = cache_for(suffix_cache, self.model)  # the default of every call (None: off)
 
     def _set_threads(self) -> None:
         """torch's thread count for a call (`api.threads.for_call`), unless a call without `threads=` finds it
@@ -149,9 +157,12 @@ class AssistedGenerator:
         cache_layout: str | None = None,
         static_shapes: bool = False,
         streaming: bool = False,
+        suffix_cache: SuffixCache | bool | None = None,
         **kwargs: Any,
     ) -> GenerationPlan:
-        """The plan of `generate(input_ids, ...)` with these arguments; nothing runs."""
+        """The plan of `generate(input_ids, ...)` with these arguments; nothing runs. `suffix_cache` (None: the
+        generator's own) as `generate` takes it."""
+        cache = self.suffix_cache if suffix_cache is None else cache_for(suffix_cache, self.model)
         return plan_generation(
             self.model,
             self.facts,
@@ -160,7 +171,7 @@ class AssistedGenerator:
             attention_mask,
             generation_config,
             kwargs,
-            CallSettings(schedule, seed, cache_layout, static_shapes, streaming),
+            CallSettings(schedule, seed, cache_layout, static_shapes, streaming, cache),
             assistant_model=self.assistant_model,
             draft_facts=self.draft_facts,
             tokenizer=self.tokenizer,
@@ -175,7 +186,10 @@ class AssistedGenerator:
         """Plan and run one call (arguments as `generate` takes them, models and device excepted)."""
         plan = self.plan(input_ids, streaming=streamer is not None, **arguments)
         self._set_threads()
-        return run(plan, self.model, self.facts, self.backend, self.assistant_model, streamer)
+        result = run(plan, self.model, self.facts, self.backend, self.assistant_model, streamer)
+        if plan.draft.suffix_cache is not None:
+            remember_batch(plan.draft.suffix_cache, plan, result.sequences)
+        return result
 
     def generate_many(
         self,
@@ -188,7 +202,40 @@ class AssistedGenerator:
         """Many prompts through `slots` batch rows, a slot refilled as soon as its row ends (`api.queue`): a
         `QueueResult` with each prompt's new tokens, in the prompts' order (`on_finish(i, tokens)` as each ends)."""
         self._set_threads()
-        return generate_many(self, prompts, slots=slots, on_finish=on_finish, **arguments)
+        cache = self.suffix_cache if arguments.get("suffix_cache") is None else cache_for(arguments["suffix_cache"],
+                                                                                          self.model)  # fmt: skip
+        if cache is None:
+            return generate_many(self, prompts, slots=slots, on_finish=on_finish, **arguments)
+        queue = as_prompts(prompts)
+        return generate_many(
+            self, queue, slots=slots, on_finish=remembering(cache, queue, on_finish), **{**arguments,
+                                                                                       "suffix_cache": cache}
+        )  # fmt: skip
+
+
+def remember_batch(cache: SuffixCache, plan: GenerationPlan, sequences: torch.Tensor) -> None:
+    """Add each row of a finished call to `cache`: its prompt (without padding), then its new tokens through the
+    first end-of-sequence token."""
+    options = plan.options
+    width = options.input_ids.shape[1]
+    eos = set(options.eos_ids or ())
+    for row, pad in enumerate(options.user_pad):
+        new = sequences[row, width:].tolist()
+        end = next((i + 1 for i, token in enumerate(new) if token in eos), len(new))
+        cache.add(options.input_ids[row, pad:].tolist() + new[:end])
+
+
+def remembering(
+    cache: SuffixCache, prompts: list[torch.Tensor], on_finish: Callable[[int, torch.Tensor], None] | None
+) -> Callable[[int, torch.Tensor], None]:
+    """A queue's `on_finish` that first adds prompt i and its new tokens to `cache`, then calls the caller's."""
+
+    def finished(index: int, tokens: torch.Tensor) -> None:
+        cache.add(prompts[index].tolist() + tokens.tolist())
+        if on_finish is not None:
+            on_finish(index, tokens)
+
+    return finished
 
 
 def generate(model: ModelArgument, input_ids: torch.Tensor | None = None, **arguments: Any) -> GenerateResult:

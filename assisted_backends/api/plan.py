@@ -15,7 +15,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from assisted_backends.backends.base import Backend, PaddingPolicy
-from assisted_backends.drafters.factory import DraftSpec, plan_drafting
+from assisted_backends.drafters.factory import SUFFIX_MAX_GAMMA, DraftSpec, plan_drafting
 from assisted_backends.engine.kv_cache import bucketed
 from assisted_backends.engine.schedule import ScheduleSpec, choose_schedule
 from assisted_backends.model_facts import ModelFacts
@@ -36,6 +36,7 @@ class CallSettings:
     cache_layout: str | None = None
     static_shapes: bool = False
     streaming: bool = False
+    suffix_cache: Any = None  # a `SuffixCache` (resolved by the entry point), or None
 
 
 @dataclass(frozen=True)
@@ -149,10 +150,10 @@ def plan_generation(
             name="streamer",
         )
     fields = options.drafting
-    ranges.check_drafting({"assistant_model": assistant_model, **vars(fields)})
+    ranges.check_drafting({"assistant_model": assistant_model, **vars(fields), "suffix_cache": settings.suffix_cache})
     draft = plan_drafting(
         facts, assistant_model, draft_facts, tokenizer, assistant_tokenizer,
-        fields.prompt_lookup_num_tokens, fields.assistant_early_exit,
+        fields.prompt_lookup_num_tokens, fields.assistant_early_exit, settings.suffix_cache,
     )  # fmt: skip
     padding = backend.padding(settings.static_shapes)
     static = padding.static_shapes
@@ -166,7 +167,7 @@ def plan_generation(
             gamma,
             static,
             draft.lookup_tokens or DEFAULT_NUM_ASSISTANT_TOKENS,
-            draft.lookup_tokens or MAX_ADAPTIVE_GAMMA,
+            draft.lookup_tokens or (SUFFIX_MAX_GAMMA if draft.kind == "suffix" else MAX_ADAPTIVE_GAMMA),
             cost_prior=draft.cost_ratio,
             seeded_sampling=options.sampling.do_sample and seed is not None,
             horizon=options.max_new_tokens,

@@ -7,6 +7,7 @@
 - `prompt_lookup_num_tokens`: `PromptLookupDrafter` (n-gram lookup in the context, no draft model).
 - `assistant_early_exit=N`: the target's first N layers and its own head (`early_exit`).
 - `assistant_model` an EAGLE-3 head (`drafters.eagle`): it reads the target's hidden states.
+- `suffix_cache`: `SuffixDrafter` (suffix decoding over earlier requests and the current one, no draft model).
 """
 
 from __future__ import annotations
@@ -26,13 +27,16 @@ from assisted_backends.drafters.eagle.combined import LookupOrHead
 from assisted_backends.drafters.eagle.head import Eagle3Head
 from assisted_backends.drafters.early_exit import EarlyExitDrafter, early_exit_view
 from assisted_backends.drafters.prompt_lookup import PromptLookupDrafter
+from assisted_backends.drafters.suffix.cache import SuffixCache
+from assisted_backends.drafters.suffix.drafter import SuffixDrafter
 from assisted_backends.engine.drafter import Drafter
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
 from assisted_backends.options.errors import OptionError
 
-DraftKind = Literal["none", "draft_model", "translated", "prompt_lookup", "early_exit", "eagle"]
+DraftKind = Literal["none", "draft_model", "translated", "prompt_lookup", "early_exit", "eagle", "suffix"]
+SUFFIX_MAX_GAMMA = 12  # the adaptive schedule's largest γ for the suffix drafter (long matches propose long spans)
 RunnerFactory = Callable[..., ModelRunner]  # (model, rows=None, limit=None): a runner over those batch rows
 
 
@@ -63,6 +67,7 @@ class DraftSpec:
     key_limit: int | None = None
     combined_lookup: int | None = None  # an EAGLE head with prompt lookup first (`drafters.eagle.combined`)
     acceptance_prior: float | None = None
+    suffix_cache: SuffixCache | None = None  # the suffix drafter's index of earlier requests (kind "suffix", or eagle)
 
     @property
     def speculates(self) -> bool:
@@ -91,13 +96,19 @@ def plan_drafting(
     assistant_tokenizer: Any,
     lookup_tokens: int | None,
     exit_layers: int | None,
+    suffix_cache: SuffixCache | None = None,
 ) -> DraftSpec:
     """The `DraftSpec` for what the caller asked (one way of drafting at most: `options.ranges`, or an EAGLE head
-    and prompt lookup)."""
+    and prompt lookup or the suffix drafter)."""
     if isinstance(assistant_model, Eagle3Head):
         eagle.check_head(assistant_model, target)
         costs = eagle.draft_costs(assistant_model, target)
+        if suffix_cache is not None:
+            return DraftSpec("eagle", assistant_model, combined_lookup=SUFFIX_MAX_GAMMA, suffix_cache=suffix_cache,
+                             **costs)  # fmt: skip
         return DraftSpec("eagle", assistant_model, combined_lookup=lookup_tokens, **costs)
+    if suffix_cache is not None:
+        return DraftSpec("suffix", suffix_cache=suffix_cache, cost_ratio=0.0)
     if lookup_tokens is not None:
         return DraftSpec("prompt_lookup", lookup_tokens=lookup_tokens, cost_ratio=0.0)
     if exit_layers is not None:
@@ -154,6 +165,8 @@ def build_drafter(
     `rowwise`: a draft of another tokenizer drafts row by row even for one row (a queue's slots take new rows)."""
     if spec.kind == "prompt_lookup":
         return PromptLookupDrafter(vocab_size, fixed_length=static_shapes)
+    if spec.kind == "suffix":
+        return SuffixDrafter(vocab_size, spec.suffix_cache, fixed_length=static_shapes)
     if spec.kind == "eagle":
         drafter = eagle.build_eagle_drafter(spec.assistant_model, target_runner, static_shapes, vocab_size)
         if spec.combined_lookup is None:

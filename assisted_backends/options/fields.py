@@ -98,3 +98,15 @@ QUEUE_REFUSED = {
     "prefix_allowed_tokens_fn": "its batch_id would not name the prompt: call generate() per batch",
     "max_length": "max_length counts the prompt, and a queue's prompts have different lengths: pass max_new_tokens",
 }
+# `suffix_cache=` (the package's own drafting option, not a GenerationConfig field): the values it takes, and the
+# drafting options it cannot be combined with, and why (an EAGLE-3 head takes it: a suffix match first, the head
+# where there is none).
+SUFFIX_CACHE_VALUES = (
+    "pass True (the cache this process keeps for the target), a SuffixCache (shared by every call given it), or "
+    "None/False (off)"
+)
+SUFFIX_CACHE_REFUSED = {
+    "prompt_lookup_num_tokens": "the suffix drafter already copies from the prompt and output: drop one of them",
+    "assistant_early_exit": "one drafter per call: drop one of them",
+    "assistant_model": "a draft model and the suffix drafter do not combine (an EAGLE-3 head does): drop one",
+}

@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from assisted_backends.options.errors import OptionError, OptionTypeError
+from assisted_backends.options.fields import SUFFIX_CACHE_REFUSED
 
 LAYOUT_NAMES = ("dynamic", "static")
 SCHEDULE_NAMES = ("adaptive", "constant")
-DRAFTING_OPTIONS = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
+DRAFTING_OPTIONS = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit", "suffix_cache")
 
 
 def check_integer(name: str, value: Any, minimum: int | None = None) -> int | None:
@@ -55,11 +56,19 @@ def check_sampling(
 
 def check_drafting(given: Mapping[str, Any]) -> None:
     """At most one way of drafting among `given` (option -> value, None: not given); counts in range."""
-    chosen = [name for name in DRAFTING_OPTIONS if given.get(name) is not None]
-    if set(chosen) == {"assistant_model", "prompt_lookup_num_tokens"} and getattr(
+    chosen = [name for name in DRAFTING_OPTIONS if given.get(name) not in (None, False)]
+    free = {"prompt_lookup_num_tokens", "suffix_cache"}  # draft-free sources an EAGLE-3 head can put first
+    if len(chosen) == 2 and "assistant_model" in chosen and free & set(chosen) and getattr(
         given["assistant_model"], "takes_prompt_lookup", False
     ):
-        chosen = ["assistant_model"]  # an EAGLE-3 head: a lookup match when there is one, the head otherwise
+        chosen = ["assistant_model"]  # an EAGLE-3 head: a lookup (or suffix) match when there is one, else the head
+    if len(chosen) == 2 and "suffix_cache" in chosen:
+        other = chosen[0] if chosen[1] == "suffix_cache" else chosen[1]
+        raise OptionError(
+            f"choose one way of drafting, got {{d0}} and {{d1}}: {SUFFIX_CACHE_REFUSED[other]}",
+            d0=other,
+            d1="suffix_cache",
+        )
     if len(chosen) > 1:
         placeholders = {f"d{i}": name for i, name in enumerate(chosen)}
         listed = " and ".join("{" + key + "}" for key in placeholders)

@@ -1,0 +1,142 @@
+"""`SuffixDrafter`: suffix decoding (SuffixDecoding, arXiv 2411.04975) over earlier requests and the current one.
+
+Each round, for each row: index the row's newly committed tokens in its own automaton (positions mode), then
+take two candidates, (1) the continuation of the longest suffix of the row's context that ended earlier in the
+row itself (its latest occurrence, as prompt lookup copies), (2) the most frequent continuation of the longest
+suffix found in the shared `SuffixCache` of earlier requests, scored by counts. The longer match wins (a tie
+goes to the row's own copy). The tokens proposed grow with the match: at most min(γ, ⌈factor·m⌉) for a match of
+m tokens, and a cache continuation stops once its estimated probability Π count(child)/count(parent) falls below
+`min_probability`. A match shorter than `min_match` proposes nothing, so the round is a plain one: an open-ended
+prompt that never matches decodes plainly, and the adaptive schedule prices the rest like any free drafter.
+
+The drafter is deterministic: when sampling, q is a point mass on each proposed token (as for prompt lookup), so
+the lossless rule accepts x with probability p(x) and the output keeps the target's distribution.
+The finished requests enter the cache from the entry points (`api.generation`), never from inside a round.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from assisted_backends.drafters.base import fill_proposal
+from assisted_backends.drafters.suffix.automaton import SuffixAutomaton
+from assisted_backends.drafters.suffix.cache import MATCH_WINDOW, NO_CONTINUATION, Continuation, SuffixCache
+from assisted_backends.engine.drafter import Drafter, Proposal
+from assisted_backends.engine.realign import RowMove
+from assisted_backends.engine.sampling import TokenSelector
+from assisted_backends.engine.tokens import TokenBuffer
+
+DEFAULT_SPEC_FACTOR = 2.0  # tokens proposed per matched token (the match length scales the speculation)
+DEFAULT_MIN_PROBABILITY = 0.1  # SuffixDecoding's and vLLM's default
+DEFAULT_MIN_MATCH = 2  # as prompt lookup: a one-token match predicts little
+
+
+class _Row:
+    """One row's own tokens, indexed as they are committed."""
+
+    def __init__(self) -> None:
+        self.index = SuffixAutomaton(positions=True)
+        self.index.start_sequence()
+
+    @property
+    def seen(self) -> int:
+        return self.index.indexed
+
+    def own_continuation(self, limit: int, min_match: int) -> Continuation:
+        state, matched = self.index.current_match()
+        if matched < min_match:
+            return NO_CONTINUATION
+        begin = self.index.latest[state] + 1
+        if begin <= 0:
+            return NO_CONTINUATION
+        tokens = self.index.tokens[begin : min(begin + limit, len(self.index.tokens))].tolist()
+        return Continuation(matched, tokens, [1.0] * len(tokens))
+
+
+class SuffixDrafter(Drafter):
+    """Proposes up to γ tokens from the longest earlier match (the row's own tokens or `cache`); with
+    `fixed_length` always exactly γ (a short proposal filled up by repeating its last token)."""
+
+    name = "suffix"
+
+    def __init__(
+        self,
+        vocab_size: int,
+        cache: SuffixCache | None,
+        fixed_length: bool = False,
+        spec_factor: float = DEFAULT_SPEC_FACTOR,
+        min_probability: float = DEFAULT_MIN_PROBABILITY,
+        min_match: int = DEFAULT_MIN_MATCH,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.cache = cache
+        self.fixed_length = fixed_length
+        self.spec_factor = spec_factor
+        self.min_probability = min_probability
+        self.min_match = min_match
+        self.rows: list[_Row] = []
+        self.rounds = {"own": 0, "cache": 0, "none": 0}  # where each row's proposals came from
+        self.proposed = 0
+
+    @property
+    def forward_count(self) -> int:
+        return 0
+
+    def prefill(self, buffer: TokenBuffer) -> None:
+        self.rows = [_Row() for _ in range(buffer.ids.shape[0])]
+        self._catch_up(buffer)
+
+    def rollback(self, buffer: TokenBuffer) -> None:
+        return None  # only committed tokens are ever indexed
+
+    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
+        self.rows = [self.rows[b] for b in move.kept]
+
+    def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
+        self.rows[position] = _Row()  # its prompt is read at the next proposal, with its first token
+
+    def _catch_up(self, buffer: TokenBuffer) -> None:
+        """Index every row's tokens committed since the last round."""
+        for b, row in enumerate(self.rows):
+            begin = buffer.pad[b] + row.seen
+            if begin < buffer.length:
+                for token in buffer.ids[b, begin : buffer.length].tolist():
+                    row.index.extend(token)
+
+    def limit(self, gamma: int) -> Callable[[int], int]:
+        """Tokens proposed after a match of m tokens: min(γ, ⌈factor·m⌉), at least one."""
+        return lambda matched: max(1, min(gamma, math.ceil(self.spec_factor * matched)))
+
+    def choose(self, row: _Row, gamma: int) -> Continuation:
+        """The row's proposal: the longer match of its own tokens and the cache (a tie: its own)."""
+        limit = self.limit(gamma)
+        own = row.own_continuation(limit(row.index.current_match()[1]), self.min_match)
+        cached = NO_CONTINUATION
+        if self.cache is not None:
+            context = row.index.tokens[-MATCH_WINDOW:].tolist()
+            cached = self.cache.continuation(context, limit, self.min_probability)
+            if cached.matched < self.min_match:
+                cached = NO_CONTINUATION
+        if cached.tokens and cached.matched > own.matched:
+            self.rounds["cache"] += 1
+            return cached
+        self.rounds["own" if own.tokens else "none"] += 1
+        return own
+
+    def propose(
+        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
+    ) -> Proposal:
+        self._catch_up(buffer)
+        start = buffer.length
+        room = buffer.capacity - start
+        found = [self.choose(row, gamma).tokens[:room] for row in self.rows]
+        count = min(gamma, room) if self.fixed_length else max(len(tokens) for tokens in found)
+        for b, tokens in enumerate(found):
+            if tokens:
+                buffer.ids[b, start : start + len(tokens)] = torch.tensor(tokens, dtype=buffer.ids.dtype)
+        written = [len(tokens) for tokens in found]
+        self.proposed += count
+        return fill_proposal(buffer, written, count, self.vocab_size, selector.do_sample)

@@ -221,8 +221,17 @@ def full_storage_config(model: PreTrainedModel):
     return config
 
 
+def _own_cache(model: torch.nn.Module, batch: int | None = None, capacity: int = 0):
+    """The cache a model makes for itself (`new_native_cache`: the native decoder's), or None."""
+    factory = getattr(model, "new_native_cache", None)
+    return factory(batch, capacity) if callable(factory) else None
+
+
 def new_dynamic_cache(model: PreTrainedModel) -> DynamicCache | LegacyCache:
     """An append-only cache, every layer keeping every position (`full_storage_config`)."""
+    own = _own_cache(model)
+    if own is not None:
+        return own
     if uses_legacy_cache(model):
         return LegacyCache()
     if _TRANSFORMERS_VERSION < (4, 56):  # no config argument (4.51), or one some configs fail to parse (4.55)
@@ -241,6 +250,9 @@ def new_static_cache(
     get a LegacyCache, so the static layout still runs them (rollback slices instead of moving a
     position; the shapes are not fixed, which only graph-capturing devices need).
     """
+    own = _own_cache(model, batch_size, max_cache_len)
+    if own is not None:
+        return own
     if uses_legacy_cache(model):
         return LegacyCache()
     config = full_storage_config(model)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -14,6 +15,23 @@ from assisted_backends.engine.head_on_demand import OnDemandHead
 from assisted_backends.engine.kv_cache import CacheLayout
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.tokens import TokenBuffer
+
+
+class CausalModel(Protocol):
+    """What a runner drives, whichever implementation computes it: transformers' modeling (the reference, on the
+    package's kernels or not) or the native decoder (`quantized.native_decoder.NativeCausalLM`).
+
+    - `forward(input_ids [B, q], attention_mask [B, T] | None, position_ids [B, q], past_key_values, cache_position
+      [q], logits_to_keep)` writes the q new positions at `cache_position` and returns an object with `.logits`
+      [B, q or logits_to_keep, V]; the positions are the runner's (left padding, rollback), never the model's own.
+    - The cache comes from `hf_compat.new_dynamic_cache` / `new_static_cache` (a model with `new_native_cache`
+      makes its own) and keeps every position until rolled back: `crop` / a write position set back, rows moved
+      or written through its per-layer `keys` / `values` [B, H_kv, T, D] (`engine.cache_surgery`).
+    """
+
+    config: Any
+
+    def __call__(self, *, input_ids: torch.Tensor, **kwargs: Any) -> Any: ...
 
 
 class ModelRunner:

@@ -1,0 +1,366 @@
+"""`NativeCausalLM`: a `.gguf` model's whole forward pass in one call into C++ (`native/decoder/decoder.cpp`).
+
+It reads the weights a loaded quantized model already holds (the kernels' block tensors, norms, the rotary table
+its own rotary module computes) and hands them to the native `Decoder` once; each forward (a prefill chunk, a
+decode step, a verify pass over γ + 1 rows, a batch of rows) is then one call that runs every layer, the final
+norm and the head for the rows asked for. The engine drives it as it drives any causal LM (`engine.runner`'s
+`CausalModel` protocol): `forward(input_ids, attention_mask, position_ids, past_key_values, cache_position,
+logits_to_keep)`, with a `NativeCache` its layouts crop, roll back and move rows of.
+
+Exactness: every op computes a row alone in a fixed order (docs/native.md), so a verify pass over M rows gives
+M one-token steps' logits bit for bit. Against transformers' modeling on the same kernels (the `reference` it
+wraps, still the path for everything it does not cover) it differs in the last bits of the norms' sums and
+SiLU's exp only.
+
+`why_not_native(model)` says why a model is not covered (None: it is); `native_model(model)` wraps a covered one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from assisted_backends.native import decoder_build, extension
+from assisted_backends.quantized.blocks import BlockWeight
+from assisted_backends.quantized.fusion import ProjectionSlice
+from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+STEP_LINE = "forward pass: the native decoder (one call into C++ a step, batch-invariant)"
+_GROWTH = 256  # positions a dynamic cache grows by (at least)
+
+
+class _LayerView:
+    """One layer's keys and values [B, Hkv, length, Dh] as views of the cache's buffers (what `engine.cache_surgery`
+    reads and writes through `hf_compat.map_cache_tensors` / `cache_tensors`); assigning one stores it."""
+
+    def __init__(self, cache: NativeCache, index: int) -> None:
+        self._cache, self._index = cache, index
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self._cache.view(self._cache.keys, self._index)
+
+    @keys.setter
+    def keys(self, value: torch.Tensor) -> None:
+        self._cache.store(self._cache.keys, self._index, value)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self._cache.view(self._cache.values, self._index)
+
+    @values.setter
+    def values(self, value: torch.Tensor) -> None:
+        self._cache.store(self._cache.values, self._index, value)
+
+
+class NativeCache:
+    """The native decoder's KV cache: per layer [B, Hkv, C, Dh] fp32, preallocated; `length` positions valid.
+
+    Rollback is setting `length` (`crop`); a forward writes its rows at the positions the engine names
+    (`cache_position`) and the stale tail past them is never read. Grows by reallocation (a dynamic layout) when a
+    forward needs more than C positions; a static layout's capacity is fixed when made."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, batch: int | None = None, capacity: int = 0) -> None:
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.length = 0
+        self.layers = [_LayerView(self, index) for index in range(layers)]
+        if batch is not None:
+            self._allocate(batch, max(capacity, 1))
+
+    @property
+    def batch(self) -> int | None:
+        return None if self.keys[0] is None else self.keys[0].shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+
+    def _allocate(self, batch: int, capacity: int) -> None:
+        shape = (batch, self.kv_heads, capacity, self.head_dim)
+        for buffers in (self.keys, self.values):
+            for index, old in enumerate(buffers):
+                new = torch.zeros(shape)
+                if old is not None and old.shape[0] == batch:
+                    keep = min(old.shape[2], capacity)
+                    new[:, :, :keep] = old[:, :, :keep]
+                buffers[index] = new
+
+    def reserve(self, batch: int, end: int) -> None:
+        """Room for positions [0, end) of `batch` rows (a different batch size starts empty)."""
+        if self.batch != batch:
+            self._allocate(batch, max(end, _GROWTH))
+            self.length = 0
+        elif end > self.capacity:
+            self._allocate(batch, max(end, 2 * self.capacity))
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first `max_length` positions (negative: drop that many), as DynamicCache.crop."""
+        keep = self.length + max_length if max_length < 0 else max_length
+        self.length = max(0, min(self.length, keep))
+
+    def view(self, buffers: list, index: int) -> torch.Tensor | None:
+        tensor = buffers[index]
+        return None if tensor is None else tensor[:, :, : self.length]
+
+    def store(self, buffers: list, index: int, value: torch.Tensor) -> None:
+        """A layer's new keys or values [B', Hkv, T, Dh] (rows moved or left): copied into the buffers, which
+        are reallocated where B' or T does not fit; `length` becomes T."""
+        batch, _, width, _ = value.shape
+        tensor = buffers[index]
+        if tensor is None or tensor.shape[0] != batch or tensor.shape[2] < width:
+            tensor = torch.zeros(batch, self.kv_heads, max(width, self.capacity, 1), self.head_dim)
+            buffers[index] = tensor
+        with torch.inference_mode():
+            tensor[:, :, :width].copy_(value)
+        self.length = width
+
+
+@dataclass
+class _Output:
+    """What the engine reads of a forward: the logits (and the cache, updated in place)."""
+
+    logits: torch.Tensor
+    past_key_values: NativeCache
+
+
+def _text_config(model: nn.Module):
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _block_linear(layer) -> bool:
+    return isinstance(layer, QuantizedLinear) and layer.kernel == "blocks"
+
+
+def _projections(parent: nn.Module, names: Sequence[str]) -> list[QuantizedLinear] | None:
+    """The block layers computing `names` of `parent`: one fused layer (in this order) or one each; None: neither."""
+    first = getattr(parent, names[0], None)
+    if isinstance(first, ProjectionSlice):
+        shared = first.shared
+        slices = [getattr(parent, name, None) for name in names]
+        in_order = all(isinstance(s, ProjectionSlice) and s.shared is shared for s in slices) and [
+            s.start for s in slices
+        ] == sorted(s.start for s in slices) and slices[0].start == 0
+        return [shared.fused] if in_order and _block_linear(shared.fused) else None
+    layers = [getattr(parent, name, None) for name in names]
+    return layers if all(_block_linear(layer) for layer in layers) else None
+
+
+def why_not_native(model: nn.Module) -> str | None:
+    """Why the native decoder does not run `model` (None: it does): family, options and weights it covers."""
+    config = _text_config(model)
+    kind = getattr(config, "model_type", None)
+    if kind not in FAMILIES:
+        return f"its family ({kind}) is not one the native decoder covers yet ({', '.join(FAMILIES)})"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"its activation ({config.hidden_act}) is not SiLU"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "it has sliding-window attention"
+    if any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or ())):
+        return "it has layers other than full attention"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) in ("dynamic", "longrope"):
+        return f"its rotary scaling ({rope.get('rope_type', rope.get('type'))}) depends on the sequence length"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "its modules are not laid out as a Llama-family model's"
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if not (isinstance(embedding, QuantizedEmbedding) and embedding.block_meta is not None):
+        return "its embedding is not on the package's block kernels"
+    if embedding.embed_scale is not None:
+        return "its embedding is scaled"
+    if not _block_linear(head) or head.bias is not None:
+        return "its LM head is not a block-quantized layer"
+    for layer in inner.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        if _projections(attention, ("q_proj", "k_proj", "v_proj")) is None or not _block_linear(attention.o_proj):
+            return "an attention projection is not on the package's block kernels"
+        if _projections(mlp, ("gate_proj", "up_proj")) is None or not _block_linear(mlp.down_proj):
+            return "an MLP projection is not on the package's block kernels"
+        if (getattr(attention, "q_norm", None) is None) != (getattr(attention, "k_norm", None) is None):
+            return "it normalizes only one of q and k"
+    return None
+
+
+def why_unavailable(model: nn.Module) -> str | None:
+    """Why this run keeps transformers' modeling for `model` (the switch, the build, or coverage); None: native."""
+    return decoder_build.why_unavailable() or why_not_native(model)
+
+
+def _linear(module, layer: QuantizedLinear):
+    return module.make_linear(*layer.weight_data.kernel_arguments(layer.bias))
+
+
+class NativeCausalLM(nn.Module):
+    """A covered quantized causal LM (`reference`, transformers' modeling on the kernels) stepped in one native call
+    per forward. Its float parameters and block tensors are the reference's own (shared, not copied)."""
+
+    _supports_sdpa = True  # the backend's attention switch acts on the reference (`set_attn_implementation`)
+    main_input_name = "input_ids"
+
+    def __init__(self, reference: nn.Module) -> None:
+        super().__init__()
+        why = why_unavailable(reference)
+        if why:
+            raise ValueError(f"the native decoder cannot run this model: {why}")
+        self.reference = reference
+        self.config = reference.config
+        self.generation_config = getattr(reference, "generation_config", None)
+        self._native = self._build(decoder_build.module(), reference)
+        self._rotary_positions = 0
+        self.quantization_report = getattr(reference, "quantization_report", {})
+        self.step_report = STEP_LINE
+
+    def __getattr__(self, name: str):
+        """What the generation API reads of a causal LM (generation config helpers, flags): the reference's."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            reference = self.__dict__.get("_modules", {}).get("reference")
+            if reference is None or name.startswith("__"):
+                raise
+            return getattr(reference, name)
+
+    def _hooked(self) -> bool:
+        """Whether something reads the reference's hidden states with hooks (an EAGLE head's feature tap)."""
+        return any(layer._forward_pre_hooks or layer._forward_hooks for layer in self.reference.model.layers)
+
+    def set_attn_implementation(self, name: str) -> None:
+        """The reference's attention (what runs where the native decoder does not); the native step's own attention
+        is batch-invariant always."""
+        setter = getattr(self.reference, "set_attn_implementation", None)
+        if callable(setter):
+            setter(name)
+        else:
+            self.reference.config._attn_implementation = name
+
+    @staticmethod
+    def _build(module, reference: nn.Module):
+        config, inner = _text_config(reference), reference.model
+        first = inner.layers[0].self_attn
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        embedding = reference.get_input_embeddings()
+        tensors = {name.removeprefix("block_"): buffer for name, buffer in embedding.named_buffers(recurse=False)
+                   if name.startswith("block_")}  # fmt: skip
+        table_args = BlockWeight.from_stored(tensors, embedding.block_meta).kernel_arguments(None)
+        native = module.Decoder(
+            config.hidden_size, config.num_attention_heads, config.num_key_value_heads, head_dim,
+            config.intermediate_size, float(inner.norm.variance_epsilon), float(first.scaling),
+            inner.norm.weight.detach().float().contiguous(), module.make_linear(*table_args),
+            _linear(module, reference.get_output_embeddings()),
+        )  # fmt: skip
+        for layer in inner.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
+            native.add_layer(
+                [_linear(module, w) for w in _projections(attention, ("q_proj", "k_proj", "v_proj"))],
+                _linear(module, attention.o_proj),
+                [_linear(module, w) for w in _projections(mlp, ("gate_proj", "up_proj"))],
+                _linear(module, mlp.down_proj),
+                layer.input_layernorm.weight.detach().float().contiguous(),
+                layer.post_attention_layernorm.weight.detach().float().contiguous(),
+                None if q_norm is None else q_norm.weight.detach().float().contiguous(),
+                None if k_norm is None else k_norm.weight.detach().float().contiguous(),
+            )
+        return native
+
+    # -- what the engine and hf_compat read ---------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.reference.get_input_embeddings()
+
+    def get_output_embeddings(self) -> None:
+        return None  # no module computes the head's input here: the engine's head-on-demand stays off
+
+    def new_native_cache(self, batch: int | None = None, capacity: int = 0) -> NativeCache:
+        """An empty cache for this model (`hf_compat.new_dynamic_cache` / `new_static_cache` call it)."""
+        config = _text_config(self)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return NativeCache(config.num_hidden_layers, config.num_key_value_heads, head_dim, batch, capacity)
+
+    def _ensure_rotary(self, end: int) -> None:
+        """The rotary table [P, Dh] up to position `end` (computed by the model's own rotary module, grown by
+        doubling up to the model's range)."""
+        if end <= self._rotary_positions:
+            return
+        limit = getattr(_text_config(self), "max_position_embeddings", None) or end
+        size = min(max(end, 2 * self._rotary_positions, 1024), max(limit, end))
+        positions = torch.arange(size)[None]
+        with torch.inference_mode():
+            cos, sin = self.reference.model.rotary_emb(torch.zeros(1, dtype=torch.float32), positions)
+        self._native.set_rotary(cos[0].float().contiguous(), sin[0].float().contiguous())
+        self._rotary_positions = size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: NativeCache | None = None,
+        cache_position: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        use_cache: bool = True,
+        **unused,
+    ) -> _Output:
+        """Logits [B, keep or M, V] of `input_ids` [B, M] written at cache positions `cache_position` (default: after
+        what `past_key_values` holds)."""
+        if unused.get("inputs_embeds") is not None:
+            raise ValueError("inputs_embeds: the native decoder takes input_ids; load with ASSISTED_BACKENDS_NATIVE=off")
+        if self._hooked():
+            raise NotImplementedError(
+                "a drafter reads this target's hidden states with hooks (EAGLE), which the native decoder does not "
+                "run: set ASSISTED_BACKENDS_NATIVE=off for EAGLE heads"
+            )
+        cache = past_key_values if past_key_values is not None else self.new_native_cache()
+        if not isinstance(cache, NativeCache):
+            raise TypeError(f"past_key_values: the native decoder needs its own cache (new_native_cache), not "
+                            f"{type(cache).__name__}")  # fmt: skip
+        batch, rows = input_ids.shape
+        start = int(cache_position[0]) if cache_position is not None else cache.length
+        if position_ids is None:
+            position_ids = torch.arange(start, start + rows)[None].expand(batch, rows)
+        cache.reserve(batch, start + rows)
+        self._ensure_rotary(int(position_ids.max()) + 1)
+        mask = self._row_mask(attention_mask, cache.capacity)
+        logits = self._native.step(
+            input_ids, position_ids, start, cache.keys, cache.values, mask, int(logits_to_keep or 0),
+            extension.forced_isa(),
+        )  # fmt: skip
+        cache.length = start + rows
+        return _Output(logits, cache)
+
+    @staticmethod
+    def _row_mask(attention_mask: torch.Tensor | None, capacity: int) -> torch.Tensor | None:
+        """[B, 1, 1, C] bool of the columns each row may attend (None: all; causality is the kernel's lengths)."""
+        if attention_mask is None:
+            return None
+        mask = attention_mask.bool()
+        if bool(mask.all()):
+            return None
+        width = mask.shape[1]
+        if width < capacity:
+            mask = torch.nn.functional.pad(mask, (0, capacity - width), value=True)
+        return mask[:, :capacity].reshape(mask.shape[0], 1, 1, capacity).contiguous()
+
+
+def native_model(model: nn.Module) -> nn.Module:
+    """`model` stepped natively where it is covered and the switch allows; else `model` itself, its `step_report`
+    saying why not."""
+    why = why_unavailable(model)
+    if why is None:
+        return NativeCausalLM(model)
+    model.step_report = f"forward pass: transformers' modeling on the kernels ({why})"
+    return model

@@ -15,6 +15,11 @@ processors, stop strings and limits are its own. Arguments are `generate`'s, exc
 one batch or counts its padding, which is refused by name: `attention_mask` (prompts come unpadded),
 `streamer` (use `on_finish`), `token_type_ids` / `position_ids`, `output_scores` / `output_logits`,
 `prefix_allowed_tokens_fn`, and `max_length` or a `MaxLengthCriteria` without `max_new_tokens`.
+
+`generate_live` is the same queue fed while it runs (a server's requests, `assisted_backends.serve`): a
+`LiveSource` hands over prompts as they arrive, each with its own token limit, the batch grows to `slots`
+rows while prompts wait, callers who leave end their rows between rounds, and each row's tokens are handed
+over after every round. One call lasts while rows generate; the caller calls again when more prompts come.
 """
 
 from __future__ import annotations
@@ -39,6 +44,18 @@ from assisted_backends.options.errors import OptionError
 from assisted_backends.options.fields import QUEUE_REFUSED
 from assisted_backends.options.processors import row_logits_processors
 from assisted_backends.options.resolve import user_set
+
+
+class LiveSource(Protocol):
+    """Prompts arriving while the loop runs, polled between rounds (from the loop's thread): `pending()` counts
+    those that may join now, `take()` hands over the next as (its index: 0, 1, ... in the order taken, token ids
+    [P], its max_new_tokens), `cancelled()` names the indices taken whose callers left."""
+
+    def pending(self) -> int: ...
+
+    def take(self) -> tuple[int, torch.Tensor, int]: ...
+
+    def cancelled(self) -> list[int]: ...
 
 
 class Planner(Protocol):
@@ -206,3 +223,63 @@ def generate_many(
     )
     stats.batch_size = slots
     return QueueResult([buffer.results[i] for i in range(len(queue))], stats)
+
+
+class _LiveQueue(PromptQueue):
+    """A `LiveSource` as the loop's queue: each prompt taken with the processors `model.generate` builds for it."""
+
+    def __init__(self, source: LiveSource, generator: Planner, plan: GenerationPlan) -> None:
+        super().__init__(iter(()), 0)
+        self.source, self.generator, self.plan = source, generator, plan
+
+    def pending(self) -> int:
+        return self.source.pending()
+
+    def take(self) -> Arrival:
+        index, prompt, limit = self.source.take()
+        return Arrival(index, prompt, _processors(self.generator, self.plan, prompt), limit)
+
+    def cancelled(self) -> list[int]:
+        return self.source.cancelled()
+
+
+def generate_live(
+    generator: Planner,
+    source: LiveSource,
+    slots: int,
+    context: int,
+    on_finish: Callable[[int, torch.Tensor], None],
+    on_progress: Callable[[int, torch.Tensor], None] | None = None,
+    on_round: Callable[[GenerationStats], None] | None = None,
+    **arguments: Any,
+) -> GenerationStats:
+    """Serve `source` through up to `slots` batch rows until no row generates and nothing waits (see the module
+    docstring): every prompt plus its own limit fits in `context` positions (the caller checks); `on_finish(i,
+    tokens)` as prompt i ends, `on_progress(i, tokens so far)` for every generating row after each round and
+    `on_round(stats)` with the call's statistics.
+    `arguments` are `generate`'s options shared by every row (sampling, drafting, schedule); the dynamic
+    layout only (static shapes keep one batch bucket and are refused)."""
+    slots = ranges.check_integer("slots", slots, minimum=1)
+    _refuse_per_batch(arguments, on_finish)
+    if arguments.get("static_shapes"):
+        raise OptionError("{name} is not served by a live queue (its batch grows and shrinks); drop it",
+                          name="static_shapes")  # fmt: skip
+    first = [source.take() for _ in range(min(slots, source.pending()))]
+    if not first:
+        raise OptionError("{name} has nothing pending: call when a prompt has arrived", name="source")
+    prompts = [prompt for _, prompt, _ in first]
+    input_ids, mask = left_padded(prompts, 0)
+    arguments.pop("max_new_tokens", None)  # each row's own limit; the plan's is the smallest
+    plan = generator.plan(input_ids, attention_mask=mask, max_new_tokens=1, **arguments)
+    _refuse_in_plan(plan, generator, {**arguments, "max_new_tokens": 1})
+    capacity, _ = capacity_and_keys(context, 0, plan.schedule, plan.layout, plan.padding.bucket)
+    schedule = dataclasses.replace(plan.schedule, horizon=None) if plan.schedule is not None else None
+    plan = dataclasses.replace(plan, capacity=capacity, schedule=schedule)
+    refill = Refill(_LiveQueue(source, generator, plan), plan.options.pad_id, None, on_finish, slots, on_progress,
+                    on_round=on_round)  # fmt: skip
+    refill.limits.update({index: limit for index, _, limit in first})
+    settings = QueueSettings(refill, _agreed(prompts), [_processors(generator, plan, p) for p in prompts])
+    _, stats, _ = decode_plan(
+        plan, generator.model, generator.facts, generator.backend, generator.assistant_model, queue=settings
+    )
+    return stats

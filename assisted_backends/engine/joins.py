@@ -22,6 +22,13 @@ there with L − 1 − P columns of padding:
    prompt lookup keeps none.
 
 The loop (`engine.loop.decode`) then goes on with the same rounds: nothing else knows that a row is new.
+
+A live queue (a server's requests, `api.queue.generate_live`) is the same queue fed while the loop runs: its
+`pending()` counts what has arrived by the time the loop asks (after the prefill and after every round), a
+row may carry its own token limit (`Arrival.max_new_tokens`), `cancelled()` names rows whose caller left (each
+ends before the next round, its slot free), `on_progress` hands every generating row's new tokens to the
+caller after each round, and when prompts wait and no slot is free the batch grows by rows, up to
+`Refill.slots` (the dynamic layout; a static batch keeps its bucket).
 Which row joins when is a function of the committed tokens (the order of the queue, the rows that
 ended), so every rank of a multi-rank launch joins the same prompts at the same round (rule 9).
 
@@ -33,14 +40,15 @@ bucket B' (the slot count), so the verify [B', γ + 1] and draft [B', 1..2] sign
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers.generation.logits_process import LogitsProcessor
 
 from assisted_backends.engine.kv_cache import bucketed
-from assisted_backends.engine.realign import widen
+from assisted_backends.engine.realign import RowMove, widen
 from assisted_backends.engine.runner import ModelRunner
+from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.engine.tokens import RowStarts, TokenBuffer
 
 
@@ -52,6 +60,7 @@ class Arrival:
     index: int
     prompt: torch.Tensor
     processors: list[LogitsProcessor]
+    max_new_tokens: int | None = None  # the row's own limit (None: the call's)
 
 
 class PromptQueue:
@@ -68,6 +77,10 @@ class PromptQueue:
         self.waiting -= 1
         return next(self._arrivals)
 
+    def cancelled(self) -> list[int]:
+        """Caller rows to end now, before the next round (a live queue's clients that left); none here."""
+        return []
+
 
 @dataclass
 class Refill:
@@ -78,10 +91,18 @@ class Refill:
     pad_id: int
     bucket: int | None = None
     on_finish: Callable[[int, torch.Tensor], None] | None = None
+    slots: int | None = None  # live queues: rows the batch may grow to when prompts wait (None: it never grows)
+    on_progress: Callable[[int, torch.Tensor], None] | None = None  # live queues: a row's new tokens so far
+    limits: dict[int, int] = field(default_factory=dict)  # caller row -> its own max_new_tokens
+    on_round: Callable[[GenerationStats], None] | None = None  # live queues: the call's statistics after each round
 
     def width(self, prompt_length: int) -> int:
         """Columns of a joining prompt's own pass: its bucket under static shapes, else its length."""
         return bucketed(prompt_length, self.bucket) if self.bucket else prompt_length
+
+    def limit(self, row: int, default: int) -> int:
+        """The token limit of caller row `row`: its own, else the call's `default`."""
+        return self.limits.get(row, default)
 
 
 @dataclass(frozen=True)
@@ -139,3 +160,16 @@ def ends_at_once(
 def free_slots(live: list[bool], pending: int) -> list[int]:
     """The batch positions a queue refills now: the first `pending` rows that do not generate."""
     return [b for b, alive in enumerate(live) if not alive][:pending]
+
+
+def grow(buffer: TokenBuffer, target: ModelRunner, rows: int, move_drafter: Callable) -> None:
+    """Live queues: `rows` more batch positions at the end, copies of row 0 (one `RowMove` through the buffer, the
+    target's cache and the drafter) that a joining prompt overwrites, as it overwrites a finished row's slot."""
+    batch = len(buffer.pad)
+    kept = tuple(range(batch)) + (0,) * rows
+    device = buffer.ids.device
+    move = RowMove(torch.tensor(kept, device=device), torch.zeros(len(kept), dtype=torch.long, device=device),
+                   (0,) * len(kept), kept)  # fmt: skip
+    buffer.move_rows(move, [*buffer.pad, *([buffer.pad[0]] * rows)], kept)
+    target.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
+    move_drafter(move)

@@ -19,7 +19,7 @@ import torch
 
 from assisted_backends.engine.drafter import Drafter, GuardedDrafter
 from assisted_backends.engine.head_on_demand import HeadSplit
-from assisted_backends.engine.joins import Refill, ends_at_once, free_slots, make_room, prefill_row
+from assisted_backends.engine.joins import Refill, ends_at_once, free_slots, grow, make_room, prefill_row
 from assisted_backends.engine.round import LoopSettings, choose_first, prefill, speculative_round
 from assisted_backends.engine.rows import LiveRows
 from assisted_backends.engine.runner import ModelRunner
@@ -70,7 +70,8 @@ def decode(
             schedule.observe_batch(buffer.ids.shape[0])  # the rows this round feeds: its costs depend on them
         gamma = schedule.draft_length() if (guarded.active and schedule is not None) else 0
         if not settings.static_shapes:  # never draft what cannot be committed
-            gamma = min(gamma, max(settings.max_new_tokens - buffer.new_tokens[b] for b in rows.positions()) - 1)
+            left = max(settings.limit(buffer.caller_rows[b]) - buffer.new_tokens[b] for b in rows.positions())
+            gamma = min(gamma, left - 1)
         observation = speculative_round(
             gamma, target, guarded, buffer, rows, selector, generator, settings, split, _reserve(refill)
         )
@@ -103,6 +104,7 @@ def _on_finish(refill: Refill | None, selector: TokenSelector) -> Callable[[int,
         selector.drop_row(row)
         if refill.on_finish is not None:
             refill.on_finish(row, tokens)
+        refill.limits.pop(row, None)
 
     return finished
 
@@ -116,23 +118,34 @@ def _refill(
     generator: torch.Generator | None,
     settings: LoopSettings,
 ) -> None:
-    """Queues (`engine.joins`): the slot of every row that ended takes the next prompt, and the next again while
-    the one that joined ends at its first token."""
+    """Queues (`engine.joins`): rows whose caller left end; the slot of every row that ended takes the next prompt,
+    and the next again while the one that joined ends at its first token; a live queue's batch grows while prompts
+    wait and no slot is free; then each generating row's new tokens go to `on_progress`."""
     refill, stats = settings.refill, rows.total
 
     def choose(logits: torch.Tensor, context: torch.Tensor, own: RowStarts) -> torch.Tensor:
         return choose_first(logits, context, selector, generator, own)[0]
 
+    _end_cancelled(buffer, rows, refill.queue.cancelled())
+    if refill.slots is not None and not settings.static_shapes and target.layout.name == "dynamic":
+        wanted = refill.queue.pending() - len(free_slots(rows.live, refill.queue.pending()))
+        extra = min(wanted, refill.slots - len(rows.live))
+        if extra > 0:
+            grow(buffer, target, extra, lambda move: drafter.move_rows(move, buffer))
+            rows.live.extend([False] * extra)
     for position in free_slots(rows.live, refill.queue.pending()):
         while refill.queue.pending() and not rows.live[position]:
             began = time.perf_counter()
             arrival = refill.queue.take()
+            if arrival.max_new_tokens is not None:
+                refill.limits[arrival.index] = arrival.max_new_tokens
             length = arrival.prompt.shape[0]
             make_room(buffer, target, length, lambda move: drafter.move_rows(move, buffer))
             selector.add_row(arrival.index, arrival.processors)
             rows.join(position, arrival.index, began - rows.started)
             joined = prefill_row(buffer, target, refill, position, arrival, choose)
-            done = ends_at_once(joined, buffer, settings.eos_token_ids, settings.stop, settings.max_new_tokens)
+            limit = settings.limit(arrival.index)
+            done = ends_at_once(joined, buffer, settings.eos_token_ids, settings.stop, limit)
             rows.commit(buffer, {position: 1}, {position: done}, buffer.length - 1)
             if done:
                 selector.drop_row(arrival.index)
@@ -140,3 +153,19 @@ def _refill(
                 drafter.insert_row(buffer, position, refill.width(length), refill.pad_id)
             stats.joins += 1
             stats.join_s += time.perf_counter() - began
+    if refill.on_progress is not None:
+        for position in rows.positions():
+            count = buffer.new_tokens[position]
+            refill.on_progress(buffer.caller_rows[position], buffer.row_tokens(position, buffer.length, count))
+    if refill.on_round is not None:
+        refill.on_round(stats)
+
+
+def _end_cancelled(buffer: TokenBuffer, rows: LiveRows, cancelled: list[int]) -> None:
+    """Live queues: the rows of callers who left end now, with what they committed (their slots free)."""
+    if not cancelled:
+        return
+    ending = set(cancelled)
+    for position in rows.positions():
+        if buffer.caller_rows[position] in ending:
+            rows.commit(buffer, {position: 0}, {position: True}, buffer.length)

@@ -48,6 +48,10 @@ class LoopSettings:
     record: CommittedScores | None = None  # keeps the logits behind each committed token
     refill: Refill | None = None  # a queue of prompts taking the slots of rows that end (`engine.joins`)
 
+    def limit(self, row: int) -> int:
+        """The new-token limit of caller row `row`: a live queue's row may have its own (`Refill.limits`)."""
+        return self.refill.limit(row, self.max_new_tokens) if self.refill is not None else self.max_new_tokens
+
 
 def speculative_round(
     gamma: int,
@@ -178,7 +182,7 @@ def commit(
     The span [B, m = γ + 1] holds the γ drafts from column `start`, then scratch; `logits` [B, m', V] with m' ≤ m
     (the head on demand computes fewer: positions past them lie past n, never committed)."""
     positions = rows.positions()
-    remaining = {b: settings.max_new_tokens - buffer.new_tokens[b] for b in positions}
+    remaining = {b: settings.limit(buffer.caller_rows[b]) - buffer.new_tokens[b] for b in positions}
     span = buffer.ids[:, start : start + gamma + 1]  # [B, m]: the drafts, then scratch
     span.scatter_(1, accepted[:, None], next_token[:, None])  # y_b after the n_b accepted drafts
     stops = None

@@ -1,0 +1,5 @@
+import sys
+
+from assisted_backends.serve.cli import main
+
+sys.exit(main())

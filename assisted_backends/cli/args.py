@@ -35,6 +35,7 @@ FLAGS = {
     "bucket_size": "--bucket-size",
     "prompt_lookup_num_tokens": "--prompt-lookup",
     "assistant_early_exit": "--assistant-early-exit",
+    "suffix_cache": "--suffix-cache",
     "static_shapes": "--static-shapes",
     "assistant_model": "--assistant-model",
     "do_sample": "--do_sample",
@@ -180,6 +181,15 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="draft N tokens by prompt lookup instead of a draft model",
+    )
+    models.add_argument(
+        *_both("suffix_cache"),
+        dest="suffix_cache",
+        action="store_true",
+        help="draft by suffix decoding, no draft model: the longest earlier match in this run's prompts and outputs "
+        "(every prompt of --prompt-file with --batch-size N shares one index) and in the current request. The "
+        "default when -m comes without a draft and the family's usual draft is larger than the target or not on "
+        "this machine",
     )
     models.add_argument(
         *_both("assistant_early_exit"),
@@ -344,11 +354,12 @@ def validate(args: argparse.Namespace) -> None:
         "prompt_lookup_num_tokens": args.prompt_lookup,
         "assistant_early_exit": args.assistant_early_exit,
         "num_assistant_tokens": args.num_assistant_tokens,
+        "suffix_cache": args.suffix_cache or None,
     }
-    if args.assistant_model is not None and args.prompt_lookup is not None:
+    if args.assistant_model is not None and (args.prompt_lookup is not None or args.suffix_cache):
         from assisted_backends.drafters.eagle.checkpoint import is_eagle_checkpoint  # torch: only when both are given
 
-        if is_eagle_checkpoint(args.assistant_model):  # a head takes lookup matches first
+        if is_eagle_checkpoint(args.assistant_model):  # a head takes lookup (or suffix) matches first
             given["assistant_model"] = argparse.Namespace(takes_prompt_lookup=True)
     ranges.check_drafting(given)
     ranges.check_shapes(None, args.static_shapes, args.schedule, args.bucket_size)

@@ -1,7 +1,11 @@
-"""The CLI's model choice: the draft the seed scripts pair with each target family when none is given
-(no torch at import: `preflight` asks it before anything loads)."""
+"""The CLI's model choice: the draft the seed scripts pair with each target family when none is given, and where
+none suits or none is on this machine, suffix decoding (no draft model) instead (no torch at import: `preflight`
+decides before anything loads)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 from assisted_backends.cli.errors import CLIError
 
@@ -54,3 +58,49 @@ def _count(parameters: int) -> str:
         if parameters >= scale:
             return f"{parameters / scale:.3g}{suffix}"
     return str(parameters)
+
+
+@dataclass(frozen=True)
+class DefaultDrafting:
+    """What `-m` without a drafter drafts with: the family's usual `draft` (on this machine and smaller than the
+    target), else suffix decoding, with the `reason` there is no draft model."""
+
+    draft: str | None
+    reason: str | None = None
+
+    def note(self) -> str:
+        """The run report's one line for the suffix default."""
+        return (
+            f"note: drafting by suffix decoding (no draft model: {self.reason}); it drafts from this run's prompts "
+            "and outputs and decodes plainly where nothing matches. --assistant-model DIR, --prompt-lookup N, "
+            "--assistant-early-exit N or --no-assisted to choose otherwise"
+        )
+
+
+def is_local(draft: str) -> bool:
+    """Whether the draft is on this machine (a directory, or a Hub id in the local cache): never a download."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return Path(draft).is_dir() or isinstance(try_to_load_from_cache(draft, "config.json"), str)
+
+
+def default_drafting(target: str, family: str | None, target_parameters: int | None) -> DefaultDrafting:
+    """The family's usual draft where it suits and is here, else suffix decoding and why (no torch, no network)."""
+    try:
+        draft = default_assistant(target, family)
+    except CLIError:
+        known = ", ".join(f"{k} -> {v}" for k, v in DEFAULT_ASSISTANTS.items())
+        return DefaultDrafting(None, f"no default draft for a {family!r} target; defaults exist for: {known}")
+    if too_large_default(draft, target_parameters, family or "") is not None:
+        return DefaultDrafting(
+            None,
+            f"this {family} target ({_count(target_parameters)} parameters) is not larger than its family's usual "
+            f"draft {draft} ({_count(DEFAULT_ASSISTANT_PARAMETERS[draft])})",
+        )
+    if not is_local(draft):
+        return DefaultDrafting(
+            None,
+            f"this target's default draft {draft} is not on this machine and is never downloaded implicitly; "
+            f"`hf download {draft}` once, or pass --assistant-model {draft}",
+        )
+    return DefaultDrafting(draft)

@@ -17,7 +17,7 @@ from pathlib import Path
 from assisted_backends.cli import machine, model_files
 from assisted_backends.cli.cases import benchmark_cases
 from assisted_backends.cli.errors import CLIError
-from assisted_backends.cli.loading import default_assistant, too_large_default
+from assisted_backends.cli.loading import default_drafting
 from assisted_backends.cli.model_files import ModelFiles
 from assisted_backends.extras import install_hint
 from assisted_backends.options import ranges
@@ -145,34 +145,17 @@ def check_length(args: argparse.Namespace, target: ModelFiles) -> None:
 SAVED_DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit")  # a checkpoint may ask for these itself
 
 
-def require_local_default(draft: str) -> None:
-    """The default draft is used only when it is already on this machine: never an implicit download."""
-    from huggingface_hub import try_to_load_from_cache
-
-    if Path(draft).is_dir() or isinstance(try_to_load_from_cache(draft, "config.json"), str):
-        return
-    raise CLIError(
-        f"no --assistant-model given, and this target's default draft {draft} is not on this machine (it is never "
-        f"downloaded implicitly). Offline options: --prompt-lookup 10 (no draft model), --assistant-early-exit 2 "
-        f"(the target's first layers), --assistant-model DIR (a local draft), --no-assisted. Online: `hf download "
-        f"{draft}` once, or pass --assistant-model {draft}"
-    )
-
-
 def check_default_draft(args: argparse.Namespace, target: ModelFiles) -> None:
-    """-m without a drafter: the family's default draft must exist and be on this machine (as `session` picks it)."""
+    """-m without a drafter: the family's default draft where it suits and is on this machine, else suffix decoding
+    (`loading.default_drafting`, decided from the files: no download, no torch); kept on `args.default_drafting`
+    for `session` to use."""
     if args.model is None or args.assistant_model is not None or args.no_assisted:
         return
-    if args.prompt_lookup or args.assistant_early_exit or "model_type" not in target.config:
+    if args.prompt_lookup or args.assistant_early_exit or args.suffix_cache or "model_type" not in target.config:
         return
     if any(target.generation_config.get(field) for field in SAVED_DRAFTING):
         return
-    family = target.config["model_type"]
-    draft = default_assistant(args.model, family)
-    problem = too_large_default(draft, target.parameters, family)  # from the files: no download, no torch
-    if problem is not None:
-        raise problem
-    require_local_default(draft)
+    args.default_drafting = default_drafting(args.model, target.config["model_type"], target.parameters)
 
 
 def preflight(args: argparse.Namespace) -> None:

@@ -16,13 +16,14 @@ from assisted_backends.api import threads as api_threads
 from assisted_backends.backends import Backend, BackendOptions, resolve_backend
 from assisted_backends.backends.base import unprepared
 from assisted_backends.backends.cpu import affinity
-from assisted_backends.cli.loading import default_assistant
-from assisted_backends.cli.preflight import SAVED_DRAFTING, require_local_default
+from assisted_backends.cli.loading import default_drafting
+from assisted_backends.cli.preflight import SAVED_DRAFTING
 from assisted_backends.cli.threads import ThreadChoice, initial_choice, probe, probe_applies
 from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
 from assisted_backends.distributed import launch as distributed
 from assisted_backends.drafters.eagle.build import head_precision, is_eagle_head
 from assisted_backends.drafters.eagle.precision import HeadPrecision
+from assisted_backends.drafters.suffix.cache import SuffixCache
 from assisted_backends.loading.files import find_gguf
 from assisted_backends.loading.models import load_model, load_tokenizer, saved_generation_config
 from assisted_backends.options.errors import OptionError
@@ -53,6 +54,7 @@ class Session:
     held_out_text: str | None = None
     threads: ThreadChoice | None = None
     wait_policy: str = ""
+    suffix_cache: Any = None  # --suffix-cache (or the suffix default): one index for every call of the run
 
     def runtime(self) -> dict[str, str]:
         """The backend's report (device, precision, placement) plus how the thread count was chosen."""
@@ -139,6 +141,7 @@ class Session:
             assistant_model=self.draft,
             prompt_lookup_num_tokens=self.args.prompt_lookup,
             assistant_early_exit=self.args.assistant_early_exit,
+            suffix_cache=self.suffix_cache,
         )
         if self.draft is not None and self.draft_tokenizer is not None:
             drafting.update(tokenizer=self.tokenizer, assistant_tokenizer=self.draft_tokenizer)
@@ -180,9 +183,11 @@ def _pick_models(args: argparse.Namespace, notices: list[str]) -> tuple[str, str
             pair = ensure_demo_pair(root=Path(args.demo_dir) if args.demo_dir else None, budget=budget)
         notice = SMOKE_NOTICE if args.demo_pair == "smoke" else NOTICE
         notices.append(notice.format(target=_size(budget.target), draft=_size(budget.draft)))
-        draft = None if (args.no_assisted or args.prompt_lookup or args.assistant_early_exit) else str(pair.draft_dir)
+        drafting = args.no_assisted or args.prompt_lookup or args.assistant_early_exit or args.suffix_cache
+        draft = None if drafting else str(pair.draft_dir)
         return str(pair.target_dir), draft, str(pair.held_out_text)
-    lookup_alone = args.prompt_lookup and args.assistant_model is None  # else an EAGLE head (validated) with lookup
+    # else an EAGLE head (validated) with lookup or suffix decoding first
+    lookup_alone = (args.prompt_lookup or args.suffix_cache) and args.assistant_model is None
     wants_draft_model = not (args.no_assisted or lookup_alone or args.assistant_early_exit)
     if not wants_draft_model:
         return args.model, None, None
@@ -193,10 +198,13 @@ def _pick_models(args: argparse.Namespace, notices: list[str]) -> tuple[str, str
         return args.model, None, None
     if args.assistant_model is not None:
         return args.model, args.assistant_model, None
-    draft = default_assistant(args.model)
-    require_local_default(draft)
-    notices.append(f"note: no --assistant-model given; using the default draft for this family: {draft}")
-    return args.model, draft, None
+    chosen = getattr(args, "default_drafting", None) or default_drafting(args.model, None, None)
+    if chosen.draft is None:  # no suitable draft model at hand: suffix decoding, said in one line
+        notices.append(chosen.note())
+        args.suffix_cache = True
+        return args.model, None, None
+    notices.append(f"note: no --assistant-model given; using the default draft for this family: {chosen.draft}")
+    return args.model, chosen.draft, None
 
 
 def load_with_progress(name: str, what: str, precision: str | None):
@@ -270,4 +278,7 @@ def open_session(args: argparse.Namespace) -> Session:
         threads = probe(threads, target, backend.device, cores)
     api_threads.adopt(threads)  # the API's calls run with the CLI's choice and do not probe again
     wait_policy = getattr(args, "wait_policy", "")
-    return Session(args, backend, target, tokenizer, draft, draft_tokenizer, notices, text, threads, wait_policy)
+    suffix_cache = SuffixCache() if args.suffix_cache else None
+    return Session(
+        args, backend, target, tokenizer, draft, draft_tokenizer, notices, text, threads, wait_policy, suffix_cache
+    )

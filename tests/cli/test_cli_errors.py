@@ -16,7 +16,6 @@ from cli_fixtures import (
     HAS_GGUF,
     ROOT,
     assert_one_line_error,
-    claiming_7b,
     imported_modules,
     messages,
     run_cli,
@@ -66,13 +65,6 @@ def _pre_torch_cases(pair: Path, gguf: Path | None) -> dict[str, tuple]:
         ),
         "gguf early exit": (["-m", str(gguf), "--assistant-early-exit", "4"], {}, "between 1 and 3"),
         "uncached Hub id, no network": (["-m", "someone/some-model"], offline_hub, "the Hub cannot be reached"),
-        "default draft not here": (["-m", str(claiming_7b(pair / "target"))], offline_hub, "default draft PY007/Tiny"),
-        "default draft larger": (
-            ["-m", target],
-            offline_hub,
-            "is not larger than its family's usual",
-            "--prompt-lookup 10",
-        ),
     }
 
 
@@ -92,8 +84,6 @@ def _pre_torch_cases(pair: Path, gguf: Path | None) -> dict[str, tuple]:
         "prompt + new tokens",
         "gguf early exit",
         "uncached Hub id, no network",
-        "default draft not here",
-        "default draft larger",
     ],
 )
 def test_checks_that_need_no_model_answer_in_under_a_second_without_torch(saved_pair, request, name):

@@ -88,9 +88,7 @@ class SuffixCache:
         self.index_seconds += time.perf_counter() - began
         self.indexed_tokens += len(tokens)
 
-    def continuation(
-        self, context: list[int], limit: Callable[[int], int], min_probability: float
-    ) -> Continuation:
+    def continuation(self, context: list[int], limit: Callable[[int], int], min_probability: float) -> Continuation:
         """The best continuation any segment offers after `context`'s longest matched suffix (the longest match
         first, then the higher score), at most `limit(matched)` tokens."""
         window = context[-MATCH_WINDOW:]

@@ -1,28 +1,43 @@
-"""The package's own CPU kernels (`csrc/block_kernels.cpp`): built on first use, cached, registered as custom ops.
+"""The package's own CPU kernels (`csrc/block_kernels.cpp` and friends): built on first use, cached, registered as
+custom ops; and the build machinery any native library of the package uses (`build_library`).
 
-`block_ops()` compiles the C++ source with torch's `cpp_extension` (ninja and the system compiler) the first
-time a process needs it, into `<cache>/kernels/<key>/`, where the key names the source's hash, the torch
-version and the CPU's instruction sets; later processes load the built library in milliseconds. While it
-compiles, one line on stderr says so (30-130 s on 2 cores). The library registers
-`torch.ops.assisted_backends.block_linear` and friends; `register_fake` gives `torch.compile` their shapes
-so a compiled graph treats them as opaque calls.
+`block_ops()` compiles the C++ sources with torch's `cpp_extension` (ninja and the system compiler) the first
+time a process needs them, into `<cache>/kernels/<key>/`, where the key names the sources' and headers' hash, the
+flags, the compiler (its path and version line), the torch version and the CPU's instruction sets; later
+processes load the built library in milliseconds. While it compiles, one line on stderr says so (30-130 s on 2
+cores). The library registers `torch.ops.assisted_backends.block_linear` and friends; `register_fake` gives
+`torch.compile` their shapes so a compiled graph treats them as opaque calls.
+
+A build users can trust (`build_library`, for every library of the package):
+- one builder at a time per key (an flock the kernel releases when a builder dies); a builder that holds it and
+  finds torch's `lock` file left by a build killed mid-way removes it, with a line saying so (torch's own lock
+  would otherwise make every later process wait for ever, silently);
+- a failed build reports the compiler's first error line (not its command line) and is remembered in
+  `<key>/failed.txt`: no process retries it until the sources, flags, compiler or torch change (the key), or
+  the file is removed;
+- g++ builds; clang++ builds where its OpenMP runtime is installed, else it is refused by name, in one line.
 
 When the kernels cannot run (no compiler, no AVX2, a build error, or `ASSISTED_BACKENDS_KERNELS=aten`),
 `status()` says why in one sentence and the quantized layers use PyTorch's int4/int8 kernels instead
 (`quantized.kernels`): the same tokens as always on that path, slower.
 
-`ASSISTED_BACKENDS_KERNEL_ISA` = `avx512vnni` | `avxvnni` | `avx2` | `scalar` forces a narrower path than the
-CPU's best (tests run every path the machine can); every path computes the same bits.
+`ASSISTED_BACKENDS_KERNEL_ISA` = `avx512vnni` | `avxvnni` | `avx2` | `scalar` forces one path (tests run every path
+the machine runs); each path runs only where the CPU reports its own flags (CPUID at run time: AVX-512 VNNI does
+not imply AVX-VNNI), and naming one the CPU lacks is a one-line error. Every path computes the same bits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
+import re
 import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +45,11 @@ import torch
 
 from assisted_backends.cache_dir import cache_root
 
-SOURCE = Path(__file__).with_name("csrc") / "block_kernels.cpp"
-SOURCES = (SOURCE, SOURCE.with_name("row_attention.cpp"))
+CSRC = Path(__file__).with_name("csrc")
+SOURCE = CSRC / "block_kernels.cpp"
+SOURCES = (SOURCE, CSRC / "block_tile_avx512.cpp", CSRC / "block_tile_avx2.cpp", CSRC / "row_attention.cpp")
+HEADERS = (CSRC / "block_layout.h", CSRC / "cpu_features.h", CSRC / "tile_pool.h", CSRC / "block_tile_avx2.inc")
+LIBRARY = "assisted_backends_block_kernels"
 ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the C++ enum's order (csrc/cpu_features.h)
 #: CPUID features as /proc/cpuinfo names them, in the bit order of csrc/cpu_features.h
 FEATURES = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8")
@@ -96,22 +114,34 @@ def _cpu_key() -> str:
     return "-".join(flag for flag in wanted if flag in flags) or "generic"
 
 
-def build_key() -> str:
-    """Names a build: the sources' hash, torch's version, the CPU's instruction sets and the flags."""
-    digest = hashlib.sha256(" ".join(_BUILD_FLAGS).encode())
-    for path in sorted(SOURCE.parent.iterdir()):
+def _compiler() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+@functools.lru_cache(maxsize=8)
+def compiler_identity(compiler: str) -> str:
+    """The compiler's resolved path and first `--version` line ('' when it does not run)."""
+    path = shutil.which(compiler)
+    if path is None:
+        return ""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+        return f"{os.path.realpath(path)} {(done.stdout.splitlines() or [''])[0]}"
+    return ""
+
+
+def build_key(sources: Sequence[Path] = SOURCES, headers: Sequence[Path] = HEADERS,
+              flags: Sequence[str] = tuple(_BUILD_FLAGS)) -> str:  # fmt: skip
+    """Names a build: the sources' and headers' hash, the flags, the compiler, torch's version, the CPU's flags."""
+    digest = hashlib.sha256(" ".join(flags).encode() + compiler_identity(_compiler()).encode())
+    for path in sorted({*sources, *headers}):
         digest.update(path.name.encode() + path.read_bytes())
-    digest = digest.hexdigest()[:12]
-    raw = f"{digest}-torch{torch.__version__}-{_cpu_key()}"
+    raw = f"{digest.hexdigest()[:12]}-torch{torch.__version__}-{_cpu_key()}"
     return raw.replace("+", "_").replace("/", "_")
 
 
 def _switched_off() -> bool:
     return os.environ.get(SWITCH_VARIABLE, "").strip().lower() == "aten"
-
-
-def _library() -> Path:
-    return cache_root() / "kernels" / build_key() / "assisted_backends_block_kernels.so"
 
 
 def _why_not_buildable() -> str:
@@ -120,40 +150,134 @@ def _why_not_buildable() -> str:
     flags = _cpu_flags()
     if not {"avx2", "fma", "f16c"} <= flags:
         return "the CPU lacks AVX2/FMA/F16C"
-    if _library().is_file():
-        return ""
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        return f"no C++ compiler ({compiler}) on PATH: install g++ to build the package's kernels"
     return ""
 
 
-def _build() -> None:
+def _compiler_refusal(compiler: str) -> str:
+    """'' when `compiler` can build the package's libraries, else one sentence naming it and the fix."""
+    identity = compiler_identity(compiler)
+    if not identity:
+        return f"no C++ compiler ({compiler}) on PATH: install g++ to build the package's kernels"
+    if "clang" in identity.lower():
+        probe = subprocess.run([shutil.which(compiler), "-fopenmp", "-x", "c++", "-E", "-"], input="#include <omp.h>\n",
+                               capture_output=True, text=True)  # fmt: skip
+        if probe.returncode != 0:
+            return (f"{compiler} ({identity.split(' ', 1)[1]}) has no OpenMP runtime (omp.h): install libomp-dev, "
+                    "or build with g++ (CXX=g++)")  # fmt: skip
+    return ""
+
+
+_ERROR_LINE = re.compile(r"(?:^|\s)(?:fatal )?error:|undefined reference|cannot find -l|No such file or directory")
+
+
+def first_compiler_error(output: str) -> str:
+    """The compiler's first error line in a failed build's output (file names without their folders), else the
+    output's first line that is not a command line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in lines:
+        if _ERROR_LINE.search(line) and not line.startswith(("[", "FAILED:")) and " -c " not in line:
+            return re.sub(r"(?:/[^\s:/]+)+/([^\s:/]+):", r"\1:", line)
+    commands = ("[", "FAILED:", "c++ ", "g++ ", "clang")
+    rest = [line for line in lines if not line.startswith(commands) and " -o " not in line]
+    return rest[0] if rest else (lines[0] if lines else "no output")
+
+
+@dataclass(frozen=True)
+class Build:
+    """One native library of the package: what `build_library` compiles and where it keeps it."""
+
+    name: str  # the shared object's name (and torch's extension name)
+    folder: str  # <cache>/<folder>/<key>/
+    sources: tuple[Path, ...]
+    headers: tuple[Path, ...] = ()
+    flags: tuple[str, ...] = tuple(_BUILD_FLAGS)
+    ldflags: tuple[str, ...] = ("-fopenmp",)
+    python_module: bool = False  # True: a pybind11 module returned by build_library; False: ops registered
+    what: str = "the package's kernels"  # for the lines printed and the reasons given
+
+    def directory(self) -> Path:
+        return cache_root() / self.folder / build_key(self.sources, self.headers, self.flags)
+
+
+def build_library(build: Build):
+    """Build (first use) or load `build`'s library: (the module, or True for an ops library; '') when it loads,
+    (None, one sentence why not) when it cannot. The rules of the module docstring: one builder at a time, a
+    stale torch lock cleared with a line, a failed build remembered with the compiler's first error."""
+    refusal = _compiler_refusal(_compiler())
+    directory = build.directory()
+    built = sorted(directory.glob(f"{build.name}*.so")) if directory.is_dir() else []
+    if refusal and not built:
+        return None, refusal
+    failed = directory / "failed.txt"
+    if failed.is_file():
+        return None, f"{build.what} did not build (remembered; delete {failed} to retry): {failed.read_text().strip()}"
+    if built and not build.python_module:
+        torch.ops.load_library(str(built[-1]))
+        return True, ""
+    directory.mkdir(parents=True, exist_ok=True)
+    with _build_lock(directory, build.what):
+        if failed.is_file():  # another process failed while we waited
+            return None, f"{build.what} did not build: {failed.read_text().strip()}"
+        return _compile(build, directory, failed)
+
+
+def _compile(build: Build, directory: Path, failed: Path):
     from torch.utils import cpp_extension
 
-    library = _library()
-    directory = library.parent
-    directory.mkdir(parents=True, exist_ok=True)
-    if library.is_file():
-        torch.ops.load_library(str(library))
-        return
+    fresh = not any(directory.glob(f"{build.name}*.so"))
     started = time.perf_counter()
-    print(
-        f"assisted_backends: building the CPU kernels once for this CPU and torch {torch.__version__} "
-        f"(about a minute; cached in {directory}) ...",
-        file=sys.stderr,
-        flush=True,
-    )
-    cpp_extension.load(
-        name="assisted_backends_block_kernels",
-        sources=[str(path) for path in SOURCES],
-        extra_cflags=_BUILD_FLAGS,
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(directory),
-        is_python_module=False,
-        verbose=False,
-    )
-    print(f"assisted_backends: CPU kernels built in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    if fresh:
+        print(f"assisted_backends: building {build.what} once for this CPU and torch {torch.__version__} "
+              f"(about a minute; cached in {directory}) ...", file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        loaded = cpp_extension.load(
+            name=build.name,
+            sources=[str(path) for path in build.sources],
+            extra_cflags=list(build.flags),
+            extra_ldflags=list(build.ldflags),
+            build_directory=str(directory),
+            is_python_module=build.python_module,
+            verbose=False,
+        )
+    except Exception as error:  # remembered: no process retries until the key changes
+        line = first_compiler_error(str(error))[:300]
+        failed.write_text(line + "\n")
+        return None, f"{build.what} did not build: {line}"
+    if fresh:
+        print(f"assisted_backends: {build.what} built in {time.perf_counter() - started:.0f} s", file=sys.stderr,
+              flush=True)  # fmt: skip
+    return (loaded if build.python_module else True), ""
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path, what: str):
+    """Hold `<directory>/.build.flock` (released by the kernel if this process dies). Holding it, a torch
+    `lock` file in the directory can only be a killed build's: it is removed, with a line saying so."""
+    import fcntl
+
+    with open(directory / ".build.flock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"assisted_backends: waiting for another process building {what} in {directory} ...",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                stale.unlink()
+                print(f"assisted_backends: removed {stale}, left by a build of {what} that was killed mid-way",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+KERNELS = Build(LIBRARY, "kernels", SOURCES, HEADERS)
+
+
+def _library() -> Path:
+    return KERNELS.directory() / f"{LIBRARY}.so"
 
 
 def status() -> KernelStatus:
@@ -169,13 +293,14 @@ def _built() -> KernelStatus:
     why = _why_not_buildable()
     if why:
         return KernelStatus(False, "", why)
+    loaded, why = build_library(KERNELS)
+    if not loaded:
+        return KernelStatus(False, "", why)
     try:
-        _build()
         _register_fakes()
         best = ISA_NAMES[int(torch.ops.assisted_backends.block_cpu_isa())]
-    except Exception as error:  # a failed build must leave the ATen path working, with the reason reported
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return KernelStatus(False, "", f"the package's kernels did not build: {first[:200]}")
+    except Exception as error:  # a library that loads but does not answer leaves the ATen path working
+        return KernelStatus(False, "", f"the package's kernels did not load: {str(error).strip()[:200]}")
     if best == "scalar":
         return KernelStatus(False, "", "the CPU lacks AVX2")
     return KernelStatus(True, best, "")

@@ -76,18 +76,27 @@ def test_each_row_equals_that_row_alone_for_every_m(weights, kind, isa):
     assert kernels.same_bits(weight.matmul(x, ISAS.index(isa)), alone)  # M = 64 (8 passes of 8 rows)
 
 
-def test_threads_do_not_change_the_bits(weights):
-    weight, _ = weights["Q4_K"]
+def test_threads_do_not_change_the_bits():
+    # 128 tiles of 4 KB groups: two threads take tiles (the op says how many did), and give the bits of one
+    # (every output element is summed by one thread, in one order). tests/native/test_kernel_invariance.py
+    # runs it on every path and format.
+    import time
+
+    weight = blocks.from_gguf("Q4_K", random_blocks("Q4_K", 2048, 4096, seed=1), (2048, 4096))
     x = torch.randn(7, weight.in_features, generator=torch.Generator().manual_seed(6))
     threads = torch.get_num_threads()
+    used = []
     try:
         torch.set_num_threads(1)
         one = weight.matmul(x)
         torch.set_num_threads(2)
-        two = weight.matmul(x)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and 2 not in used:  # a helper may wake late on a busy machine
+            assert kernels.same_bits(one, weight.matmul(x))
+            used.append(int(torch.ops.assisted_backends.block_threads_used()))
     finally:
         torch.set_num_threads(threads)
-    assert kernels.same_bits(one, two)  # every output element is summed by one thread, in one order
+    assert 2 in used, used
 
 
 @pytest.mark.parametrize("bits", (4, 8))

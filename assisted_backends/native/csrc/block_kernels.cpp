@@ -11,6 +11,12 @@
 // -ffp-contract=off, no FMA), so row m of a call over M rows equals that row alone, bit for bit, on
 // every path, and every path equals the others and the plain-PyTorch reference of the same formula.
 //
+// The vector tiles live in block_tile_avx512.cpp and block_tile_avx2.cpp (one instantiation per format kind and
+// row count, block_layout.h); this file holds the scalar reference path, the ops, and the threading: a
+// persistent pool (tile_pool.h) that a call's helpers join when they wake, activation quantization split across
+// them (by blocks of 32 columns) when it is large, then whole tiles handed out dynamically; a tile's outputs for all M rows are computed by the thread that took it, in one
+// fixed order, so neither M nor the thread count nor the hand-out changes a bit.
+//
 // Stored form (made by assisted_backends/quantized/blocks.py), N padded to tiles of 16 rows:
 //   codes  uint8 [T, groups, G·16 / (8 / bits)]  per tile and group, chunks of 4 columns x 16 rows:
 //          byte c·64 + l·4 + j holds column 4c + j of row l (bits 8: u = v + 128; bits 4: the low
@@ -20,46 +26,29 @@
 //   sc, mn int8 [T, groups, 16]   optional per-group multipliers (K-quants)
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
-
-#include "cpu_features.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "block_layout.h"
+#include "cpu_features.h"
+#include "tile_pool.h"
 
 namespace {
 
-constexpr int kTile = 16;   // output rows per tile
-constexpr int kBlock = 32;  // activation quantization block
-constexpr int kRowsPerPass = 8;
-constexpr int64_t kPrefetch = 6144;  // bytes ahead in the weight stream (prefetching hides memory behind the dot products)
+using namespace ab_blocks;
 
-enum Isa : int64_t { kScalar = 0, kAvx2 = 1, kAvxVnni = 2, kAvx512Vnni = 3 };
-
-struct Weights {
-  const uint8_t* codes;
-  const uint16_t* d;
-  const uint16_t* dmin;  // nullptr: no zeros
-  const int8_t* sc;      // nullptr: S = d
-  const int8_t* mn;      // nullptr: Z = dmin
-  int64_t n, k, groups, supers;
-  int bits, group, sb, offset;
-  int64_t group_bytes() const { return bits == 4 ? 256 : int64_t(group) * kTile; }
-};
-
-struct Activations {
-  const int8_t* q;       // [M, K]
-  const float* dx;       // [M, K/32]
-  const float* zx;       // [M, K/32]
-  const int32_t* bsum;   // [M, K/16] sums of q over 16 columns
-  int64_t m, k;
-};
+std::atomic<int64_t> g_prefetch{6144};   // bytes ahead in the code stream (block_prefetch sets it per machine)
+std::atomic<int64_t> g_threads_used{0};  // threads that took tiles in this process's last block_linear call
+std::atomic<int64_t> g_bytes_per_thread{65536};  // weight bytes a thread at least (block_min_bytes_per_thread)
 
 inline float half_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
@@ -87,11 +76,11 @@ inline int32_t group_bsum(const Activations& a, int64_t row, int64_t g, int grou
   return group == 16 ? b[g] : b[2 * g] + b[2 * g + 1];
 }
 
-// ---- activation quantization (one row at a time; independent of M by construction) -------------------
+// ---- activation quantization (the scalar form; block_tile_avx2.cpp has the same operations in AVX2) ----------
 
 // A block holding a NaN or an infinity gets d_x = NaN and q_x = 0, so every output of the row is NaN (the dense
 // product gives NaN or ±inf there); a block whose 1 / d_x overflows (max |x| below ~3.7e-37) gets q_x = 0.
-void quantize_row(const float* x, int64_t k, int8_t* q, float* dx, float* zx, int32_t* bsum) {
+void quantize_row(const float* x, int64_t k, int8_t* q, float* dx, float* zx, int32_t* bsum, int32_t* s32) {
   for (int64_t b = 0; b < k / kBlock; ++b) {
     const float* xb = x + b * kBlock;
     float amax = 0.0f;
@@ -113,6 +102,7 @@ void quantize_row(const float* x, int64_t k, int8_t* q, float* dx, float* zx, in
     }
     bsum[2 * b] = halves[0];
     bsum[2 * b + 1] = halves[1];
+    s32[b] = halves[0] + halves[1];
     dx[b] = d;
     zx[b] = d * float(halves[0] + halves[1]);
   }
@@ -161,116 +151,7 @@ void tile_scalar(const Weights& w, const Activations& a, int64_t t, int64_t m0, 
   }
 }
 
-// ---- AVX-512 VNNI: 16 rows of a tile in one register, u8 x s8 dot products of 4 columns ----------------
-
-#define AB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,avx2,fma")))
-
-AB_AVX512 inline __m512 scales512(const uint16_t* d, const int8_t* sc) {
-  __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
-  if (sc) s = _mm512_mul_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)))));
-  return s;
-}
-
-template <int BITS, int ROWS>
-AB_AVX512 void tile_avx512(const Weights& w, const Activations& a, int64_t t, int64_t m0, float* y) {
-  constexpr int kChunks = 8;  // 32 columns; a 16-column group uses the first 4
-  const int chunks = BITS == 4 ? 8 : w.group / 4;
-  const int64_t blocks = a.k / kBlock;
-  __m512 acc[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  const int64_t group_bytes = w.group_bytes();
-  for (int64_t g = 0; g < w.groups; ++g) {
-    const uint8_t* tg = w.codes + (t * w.groups + g) * group_bytes;
-    for (int64_t line = 0; line < group_bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(tg + kPrefetch + line), _MM_HINT_T0);
-    __m512i wv[kChunks];
-    if (BITS == 4) {
-      for (int c = 0; c < 4; ++c) {
-        const __m512i packed = _mm512_loadu_si512(tg + 64 * c);
-        wv[c] = _mm512_and_si512(packed, low);
-        wv[c + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-      }
-    } else {
-      for (int c = 0; c < chunks; ++c) wv[c] = _mm512_loadu_si512(tg + 64 * c);
-    }
-    const __m512 s = scales512(w.d + (t * w.supers + g / w.sb) * kTile, w.sc ? w.sc + (t * w.groups + g) * kTile : nullptr);
-    __m512 z = _mm512_setzero_ps();
-    if (w.dmin) z = scales512(w.dmin + (t * w.supers + g / w.sb) * kTile, w.mn ? w.mn + (t * w.groups + g) * kTile : nullptr);
-    const int correction = BITS == 8 ? 128 : w.offset;
-    const int64_t b = g * w.group / kBlock;
-    for (int r = 0; r < ROWS; ++r) {
-      const int64_t m = m0 + r;
-      const int8_t* xq = a.q + m * a.k + g * w.group;
-      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-      for (int c = 0; c + 1 < chunks; c += 2) {
-        int32_t x0, x1;
-        std::memcpy(&x0, xq + 4 * c, 4);
-        std::memcpy(&x1, xq + 4 * c + 4, 4);
-        s0 = _mm512_dpbusd_epi32(s0, wv[c], _mm512_set1_epi32(x0));
-        s1 = _mm512_dpbusd_epi32(s1, wv[c + 1], _mm512_set1_epi32(x1));
-      }
-      __m512i isum = _mm512_add_epi32(s0, s1);
-      if (correction) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(correction * group_bsum(a, m, g, w.group)));
-      const __m512 term = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(a.dx[m * blocks + b])), _mm512_cvtepi32_ps(isum));
-      acc[r] = _mm512_add_ps(acc[r], term);
-      if (w.dmin) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(z, _mm512_set1_ps(a.zx[m * blocks + b])));
-    }
-  }
-  const int64_t valid = std::min<int64_t>(kTile, w.n - t * kTile);
-  const __mmask16 mask = valid == kTile ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
-  for (int r = 0; r < ROWS; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * w.n + t * kTile, mask, acc[r]);
-}
-
-// ---- AVX2 / AVX-VNNI: two halves of 8 rows (block_tile_avx2.inc, compiled once per instruction set) -----
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-namespace avx2 {
-constexpr bool kVnni = false;
-#define AB_WITH_VNNI 0
-#include "block_tile_avx2.inc"
-#undef AB_WITH_VNNI
-}  // namespace avx2
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avxvnni")
-namespace avxvnni {
-constexpr bool kVnni = true;
-#define AB_WITH_VNNI 1
-#include "block_tile_avx2.inc"
-#undef AB_WITH_VNNI
-}  // namespace avxvnni
-#pragma GCC pop_options
-
-// ---- dispatch --------------------------------------------------------------------------------------------
-
-using TileFn = void (*)(const Weights&, const Activations&, int64_t, int64_t, float*);
-
-#define AB_ROW_TABLE(NAME, FN)                                                                              \
-  template <int BITS>                                                                                       \
-  TileFn NAME(int rows) {                                                                                   \
-    switch (rows) {                                                                                         \
-      case 1: return FN<BITS, 1>;                                                                           \
-      case 2: return FN<BITS, 2>;                                                                           \
-      case 3: return FN<BITS, 3>;                                                                           \
-      case 4: return FN<BITS, 4>;                                                                           \
-      case 5: return FN<BITS, 5>;                                                                           \
-      case 6: return FN<BITS, 6>;                                                                           \
-      case 7: return FN<BITS, 7>;                                                                           \
-      default: return FN<BITS, 8>;                                                                          \
-    }                                                                                                       \
-  }
-
-AB_ROW_TABLE(pick_avx512, tile_avx512)
-AB_ROW_TABLE(pick_avx2, avx2::tile)
-AB_ROW_TABLE(pick_avxvnni, avxvnni::tile)
-
-TileFn pick(int64_t isa, int bits, int rows) {
-  if (isa == kAvx512Vnni) return bits == 4 ? pick_avx512<4>(rows) : pick_avx512<8>(rows);
-  if (isa == kAvxVnni) return bits == 4 ? pick_avxvnni<4>(rows) : pick_avxvnni<8>(rows);
-  return bits == 4 ? pick_avx2<4>(rows) : pick_avx2<8>(rows);
-}
+// ---- dispatch ------------------------------------------------------------------------------------------------
 
 int64_t best_isa() { return ab_cpu::best_of(ab_cpu::paths()); }
 
@@ -284,6 +165,122 @@ int64_t checked_isa(int64_t isa) {
   return isa;
 }
 
+// The kind a layout runs as (block_layout.h): a real format's own, else the general kind of its bits and group.
+int kind_of(const Weights& w) {
+  const bool sc = w.sc, zeros = w.dmin, mn = w.dmin && w.mn;
+  if (w.bits == 4) {
+    if (!sc && !zeros && w.offset != 0) return kQ4_0;
+    if (!sc && zeros && !mn && w.offset == 0) return kQ4_1;
+    if (sc && zeros && mn && w.offset == 0) return kQ4_K;
+    return kG4;
+  }
+  if (w.group == 16) return sc && !zeros ? kQ6_K : kG8_16;
+  if (!sc && !zeros) return kQ8_0;
+  if (!sc && zeros && !mn) return kQ5_1;
+  return kG8;
+}
+
+// Fields a general kind reads but the layout lacks, filled with neutral values (multiplier 1, zero 0: the
+// same bits as leaving the term out).
+void fill_neutral(int kind, Weights& w, int64_t tiles, std::vector<at::Tensor>& keep) {
+  const bool general = kind == kG4 || kind == kG8 || kind == kG8_16;
+  if (!general) return;
+  if (!w.sc) keep.push_back(at::ones({tiles * w.groups * kTile}, at::kChar)), w.sc = keep.back().data_ptr<int8_t>();
+  if (!w.dmin) {
+    keep.push_back(at::zeros({tiles * w.supers * kTile}, at::kHalf));
+    w.dmin = reinterpret_cast<const uint16_t*>(keep.back().data_ptr<at::Half>());
+    w.mn = nullptr;
+  }
+  if (!w.mn) keep.push_back(at::ones({tiles * w.groups * kTile}, at::kChar)), w.mn = keep.back().data_ptr<int8_t>();
+}
+
+TileFn pick(int64_t isa, int kind, int rows) {
+  if (isa == ab_cpu::kAvx512VnniPath) return pick_avx512(kind, rows);
+  if (isa == ab_cpu::kAvxVnniPath) return pick_avxvnni(kind, rows);
+  return pick_avx2(kind, rows);
+}
+
+// Reused activation buffers (one set per calling thread; grown, never shrunk).
+struct Buffers {
+  std::vector<int8_t> q;
+  std::vector<float> dx, zx;
+  std::vector<int32_t> bsum, s32;
+  Activations fit(int64_t m, int64_t k) {
+    if (int64_t(q.size()) < m * k) q.resize(m * k);
+    if (int64_t(dx.size()) < m * k / kBlock) dx.resize(m * k / kBlock), zx.resize(m * k / kBlock), s32.resize(m * k / kBlock);
+    if (int64_t(bsum.size()) < m * k / 16) bsum.resize(m * k / 16);
+    return Activations{q.data(), dx.data(), zx.data(), bsum.data(), s32.data(), m, k};
+  }
+};
+
+void quantize_range(const float* x, int64_t k, int64_t begin, int64_t end, const Activations& a, bool vector) {
+  if (begin >= end) return;
+  int8_t* q = const_cast<int8_t*>(a.q);
+  float *dx = const_cast<float*>(a.dx), *zx = const_cast<float*>(a.zx);
+  int32_t *bsum = const_cast<int32_t*>(a.bsum), *s32 = const_cast<int32_t*>(a.s32);
+  if (vector) return quantize_blocks_avx2(x, k, begin, end, q, dx, zx, bsum, s32);
+  const int64_t blocks = k / kBlock;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t row = i / blocks, b = i % blocks;
+    quantize_row(x + row * k + b * kBlock, kBlock, q + row * k + b * kBlock, dx + i, zx + i, bsum + 2 * i, s32 + i);
+  }
+}
+
+// y [M, N] = the formula over x [M, K] (fp32, contiguous), on the caller and the pool's helpers (tile_pool.h):
+// activation quantization first (by the caller alone when small; else handed out in chunks of blocks to every
+// participant, and no tile starts before all are done), then whole tiles handed out dynamically.
+void run(const Weights& w, int64_t isa, const float* x, int64_t m, float* y) {
+  thread_local Buffers buffers;
+  const Activations a = buffers.fit(m, w.k);
+  const int64_t tiles = (w.n + kTile - 1) / kTile, units = m * (w.k / kBlock);
+  const bool vector = isa != ab_cpu::kScalarPath;
+  const int kind = kind_of(w);
+  // A thread for every ~64 KB of weights at most: a small layer is not worth a second thread's wake-up.
+  const int64_t bytes = tiles * w.groups * w.group_bytes() * (1 + (m - 1) / kRowsPerPass);
+  const int64_t per_thread = std::max<int64_t>(1, g_bytes_per_thread.load(std::memory_order_relaxed));
+  int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  threads = std::max<int64_t>(1, std::min<int64_t>({threads, tiles, std::max<int64_t>(1, bytes / per_thread)}));
+  const int64_t chunk = std::max<int64_t>(1, tiles / (16 * threads));  // tiles a grab
+  constexpr int64_t kUnitsAlone = 1024, kUnitChunk = 128;  // activation blocks: the caller's alone below this
+  const bool split = threads > 1 && units >= kUnitsAlone;
+  std::atomic<int64_t> next{0}, used{0}, unit_next{0}, units_done{0};
+  std::atomic<bool> ready{false};
+  const std::thread::id caller = std::this_thread::get_id();
+  auto job = [&]() {
+    if (split) {
+      for (int64_t u; (u = unit_next.fetch_add(kUnitChunk)) < units;) {
+        const int64_t end = std::min(units, u + kUnitChunk);
+        quantize_range(x, w.k, u, end, a, vector);
+        units_done.fetch_add(end - u, std::memory_order_release);
+      }
+      while (units_done.load(std::memory_order_acquire) < units) _mm_pause();
+    } else if (std::this_thread::get_id() == caller) {
+      quantize_range(x, w.k, 0, units, a, vector);
+      ready.store(true, std::memory_order_release);
+    } else {
+      while (!ready.load(std::memory_order_acquire)) _mm_pause();
+    }
+    int64_t taken = 0;
+    for (int64_t begin; (begin = next.fetch_add(chunk, std::memory_order_relaxed)) < tiles;) {
+      const int64_t end = std::min(tiles, begin + chunk);
+      taken += end - begin;
+      for (int64_t t = begin; t < end; ++t) {
+        for (int64_t m0 = 0; m0 < m; m0 += kRowsPerPass) {
+          const int rows = int(std::min<int64_t>(kRowsPerPass, m - m0));
+          if (vector) {
+            pick(isa, kind, rows)(w, a, t, m0, y);
+          } else {
+            tile_scalar(w, a, t, m0, rows, y);
+          }
+        }
+      }
+    }
+    if (taken) used.fetch_add(1, std::memory_order_relaxed);
+  };
+  ab_pool::Pool::get().run(threads - 1, job);
+  g_threads_used.store(used.load(), std::memory_order_relaxed);
+}
+
 // ---- ops --------------------------------------------------------------------------------------------------
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
@@ -294,14 +291,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_activations(
   at::Tensor dx = at::empty({m, k / kBlock}, at::kFloat);
   at::Tensor zx = at::empty({m, k / kBlock}, at::kFloat);
   at::Tensor bsum = at::empty({m, k / 16}, at::kInt);
-  const float* xp = xf.data_ptr<float>();
-  int8_t* qp = q.data_ptr<int8_t>();
-  float *dp = dx.data_ptr<float>(), *zp = zx.data_ptr<float>();
-  int32_t* bp = bsum.data_ptr<int32_t>();
-  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      quantize_row(xp + r * k, k, qp + r * k, dp + r * (k / kBlock), zp + r * (k / kBlock), bp + r * (k / 16));
-  });
+  at::Tensor s32 = at::empty({m, k / kBlock}, at::kInt);
+  const Activations a{q.data_ptr<int8_t>(), dx.data_ptr<float>(), zx.data_ptr<float>(), bsum.data_ptr<int32_t>(),
+                      s32.data_ptr<int32_t>(), m, k};
+  quantize_range(xf.data_ptr<float>(), k, 0, m * (k / kBlock), a, best_isa() != ab_cpu::kScalarPath);
   return {q, dx, zx, bsum};
 }
 
@@ -319,6 +312,7 @@ Weights weights_of(const at::Tensor& codes, const at::Tensor& d, const c10::opti
   TORCH_CHECK(d.is_contiguous() && d.scalar_type() == at::kHalf && d.numel() == tiles * supers * kTile,
               "block kernels: d has the wrong size or type");
   Weights w{};
+  w.prefetch = g_prefetch.load(std::memory_order_relaxed);
   w.codes = codes.data_ptr<uint8_t>();
   w.d = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
   if (dmin.has_value() && dmin->defined()) {
@@ -342,33 +336,17 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& codes, const at::
                         const c10::optional<at::Tensor>& mn, const c10::optional<at::Tensor>& bias, int64_t n,
                         int64_t k, int64_t bits, int64_t group, int64_t sb, int64_t offset, int64_t isa) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k, "block kernels: x must be [..., ", k, "], got ", x.sizes());
-  const Weights w = weights_of(codes, d, dmin, sc, mn, n, k, bits, group, sb, offset);
-  const at::Tensor rows = x.reshape({-1, k});
+  Weights w = weights_of(codes, d, dmin, sc, mn, n, k, bits, group, sb, offset);
+  const int64_t chosen = checked_isa(isa);
+  const at::Tensor rows = x.reshape({-1, k}).to(at::kFloat).contiguous();
   const int64_t m = rows.size(0);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   at::Tensor y = at::empty({m, n}, at::kFloat);
   if (m > 0) {
-    auto [q, dx, zx, bsum] = quantize_activations(rows);
-    const Activations a{q.data_ptr<int8_t>(), dx.data_ptr<float>(), zx.data_ptr<float>(), bsum.data_ptr<int32_t>(), m, k};
-    const int64_t chosen = checked_isa(isa);
-    float* yp = y.data_ptr<float>();
-    const int64_t tiles = (n + kTile - 1) / kTile;
-    // At least ~64 KB of weight work a thread: a small layer's tiles are not worth a second thread's wake-up.
-    const int64_t work_per_tile = w.groups * w.group_bytes() * (1 + m / 4);
-    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, work_per_tile));
-    at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        for (int64_t m0 = 0; m0 < m; m0 += kRowsPerPass) {
-          const int rows_now = int(std::min<int64_t>(kRowsPerPass, m - m0));
-          if (chosen == kScalar) {
-            tile_scalar(w, a, t, m0, rows_now, yp);
-          } else {
-            pick(chosen, w.bits, rows_now)(w, a, t, m0, yp);
-          }
-        }
-      }
-    });
+    std::vector<at::Tensor> neutral;
+    if (chosen != ab_cpu::kScalarPath) fill_neutral(kind_of(w), w, (n + kTile - 1) / kTile, neutral);
+    run(w, chosen, rows.data_ptr<float>(), m, y.data_ptr<float>());
     if (bias.has_value() && bias->defined()) {
       TORCH_CHECK(bias->numel() == n, "block kernels: bias must have ", n, " values");
       y.add_(bias->to(at::kFloat));  // fp32 sum + fp32 bias: one rounding, as `y + bias` in PyTorch
@@ -381,6 +359,15 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& codes, const at::
 int64_t cpu_isa() { return best_isa(); }
 int64_t cpu_features() { return ab_cpu::features(); }
 int64_t cpu_paths(int64_t features) { return ab_cpu::paths_for(features < 0 ? ab_cpu::features() : features); }
+int64_t threads_used() { return g_threads_used.load(); }
+int64_t min_bytes_per_thread(int64_t bytes) {
+  if (bytes >= 0) g_bytes_per_thread.store(bytes);
+  return g_bytes_per_thread.load();
+}
+int64_t prefetch(int64_t bytes) {
+  if (bytes >= 0) g_prefetch.store(bytes);
+  return g_prefetch.load();
+}
 
 }  // namespace
 
@@ -391,6 +378,9 @@ TORCH_LIBRARY(assisted_backends, m) {
   m.def("block_cpu_isa() -> int", &cpu_isa);
   m.def("block_cpu_features() -> int", &cpu_features);
   m.def("block_cpu_paths(int features) -> int", &cpu_paths);
+  m.def("block_threads_used() -> int", &threads_used);
+  m.def("block_prefetch(int bytes) -> int", &prefetch);
+  m.def("block_min_bytes_per_thread(int bytes) -> int", &min_bytes_per_thread);
 }
 
 TORCH_LIBRARY_IMPL(assisted_backends, CPU, m) {

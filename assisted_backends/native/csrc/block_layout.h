@@ -1,0 +1,95 @@
+// The block kernels' shared definitions: the stored weights, the quantized activations, the format kinds the
+// tiles are specialised for, and the per-instruction-set entry points (block_tile_avx512.cpp,
+// block_tile_avx2.cpp). Plain C++ only: the instruction-set files must not compile torch's inline functions
+// under their target flags (the linker could keep that copy for every caller).
+#pragma once
+
+#include <cstdint>
+
+namespace ab_blocks {
+
+constexpr int kTile = 16;   // output rows per tile
+constexpr int kBlock = 32;  // activation quantization block
+constexpr int kRowsPerPass = 8;
+
+struct Weights {
+  const uint8_t* codes;
+  const uint16_t* d;
+  const uint16_t* dmin;  // nullptr: no zeros
+  const int8_t* sc;      // nullptr: S = d
+  const int8_t* mn;      // nullptr: Z = dmin
+  int64_t n, k, groups, supers;
+  int bits, group, sb, offset;
+  int64_t prefetch;  // bytes ahead in the code stream
+  int64_t group_bytes() const { return bits == 4 ? 256 : int64_t(group) * kTile; }
+};
+
+struct Activations {
+  const int8_t* q;      // [M, K]
+  const float* dx;      // [M, K/32]
+  const float* zx;      // [M, K/32]
+  const int32_t* bsum;  // [M, K/16] sums of q over 16 columns
+  const int32_t* s32;   // [M, K/32] sums of q over 32 columns
+  int64_t m, k;
+};
+
+// A format's shape as the tile sees it at compile time (no branch on the format inside the loop):
+// BITS stored, 16-column groups, per-group multiplier sc, zeros (dmin), per-group zero multiplier mn, and for
+// 4-bit codes whether v = q − offset needs the offset correction (a runtime value, e.g. 8 for Q4_0).
+template <int BITS_, bool G16_, bool SC_, bool MIN_, bool MN_, bool OFF_>
+struct Kind {
+  static constexpr int BITS = BITS_;
+  static constexpr bool G16 = G16_, SC = SC_, MIN = MIN_, MN = MN_, OFF = OFF_;
+  static constexpr int G = G16_ ? 16 : 32;
+  static constexpr int64_t GROUP_BYTES = BITS_ == 4 ? 256 : G * kTile;
+};
+
+// The kinds, by index (kind_of in block_kernels.cpp picks one; a layout no real format makes runs on the
+// general kind of its bits and group, with absent fields filled by neutral ones: multiplier 1, zero 0).
+using KQ4_0 = Kind<4, false, false, false, false, true>;
+using KQ4_1 = Kind<4, false, false, true, false, false>;
+using KQ4_K = Kind<4, false, true, true, true, false>;
+using KG4 = Kind<4, false, true, true, true, true>;
+using KQ8_0 = Kind<8, false, false, false, false, false>;  // Q8_0, Q5_0
+using KQ5_1 = Kind<8, false, false, true, false, false>;
+using KG8 = Kind<8, false, true, true, true, false>;  // Q5_K, and the general 8-bit kind
+using KQ6_K = Kind<8, true, true, false, false, false>;
+using KG8_16 = Kind<8, true, true, true, true, false>;
+enum KindIndex : int { kQ4_0, kQ4_1, kQ4_K, kG4, kQ8_0, kQ5_1, kG8, kQ6_K, kG8_16, kKinds };
+
+using TileFn = void (*)(const Weights&, const Activations&, int64_t t, int64_t m0, float* y);
+
+TileFn pick_avx512(int kind, int rows);
+TileFn pick_avxvnni(int kind, int rows);
+TileFn pick_avx2(int kind, int rows);
+
+// Quantize blocks [begin, end) of the flattened [M, K/32] block grid (AVX2; the same bits as the scalar form).
+void quantize_blocks_avx2(const float* x, int64_t k, int64_t begin, int64_t end, int8_t* q, float* dx, float* zx,
+                          int32_t* bsum, int32_t* s32);
+
+#define AB_ROW_TABLE(KIND, FN)                                \
+  switch (rows) {                                             \
+    case 1: return FN<KIND, 1>;                               \
+    case 2: return FN<KIND, 2>;                               \
+    case 3: return FN<KIND, 3>;                               \
+    case 4: return FN<KIND, 4>;                               \
+    case 5: return FN<KIND, 5>;                               \
+    case 6: return FN<KIND, 6>;                               \
+    case 7: return FN<KIND, 7>;                               \
+    default: return FN<KIND, 8>;                              \
+  }
+
+#define AB_KIND_TABLE(FN)                                     \
+  switch (kind) {                                             \
+    case kQ4_0: AB_ROW_TABLE(KQ4_0, FN)                       \
+    case kQ4_1: AB_ROW_TABLE(KQ4_1, FN)                       \
+    case kQ4_K: AB_ROW_TABLE(KQ4_K, FN)                       \
+    case kG4: AB_ROW_TABLE(KG4, FN)                           \
+    case kQ8_0: AB_ROW_TABLE(KQ8_0, FN)                       \
+    case kQ5_1: AB_ROW_TABLE(KQ5_1, FN)                       \
+    case kG8: AB_ROW_TABLE(KG8, FN)                           \
+    case kQ6_K: AB_ROW_TABLE(KQ6_K, FN)                       \
+    default: AB_ROW_TABLE(KG8_16, FN)                         \
+  }
+
+}  // namespace ab_blocks

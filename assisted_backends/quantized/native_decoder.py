@@ -173,11 +173,7 @@ def why_not_native(model: nn.Module) -> str | None:
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
         return "its modules are not laid out as a Llama-family model's"
-    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if not (isinstance(embedding, QuantizedEmbedding) and embedding.block_meta is not None):
-        return "its embedding is not on the package's block kernels"
-    if embedding.embed_scale is not None:
-        return "its embedding is scaled"
+    head = model.get_output_embeddings()
     if not _block_linear(head) or head.bias is not None:
         return "its LM head is not a block-quantized layer"
     for layer in inner.layers:
@@ -189,6 +185,11 @@ def why_not_native(model: nn.Module) -> str | None:
         if (getattr(attention, "q_norm", None) is None) != (getattr(attention, "k_norm", None) is None):
             return "it normalizes only one of q and k"
     return None
+
+
+def _native_embedding(embedding: nn.Module) -> bool:
+    """Whether the native code reads the embedding's rows itself (a block table, unscaled)."""
+    return isinstance(embedding, QuantizedEmbedding) and embedding.block_meta is not None and embedding.embed_scale is None
 
 
 def why_unavailable(model: nn.Module) -> str | None:
@@ -217,6 +218,8 @@ class NativeCausalLM(nn.Module):
         self.generation_config = getattr(reference, "generation_config", None)
         self._native = self._build(decoder_build.module(), reference)
         self._rotary_positions = 0
+        embedding = reference.get_input_embeddings()
+        object.__setattr__(self, "_embed", None if _native_embedding(embedding) else embedding)  # not a submodule
         self.quantization_report = getattr(reference, "quantization_report", {})
         self.step_report = STEP_LINE
 
@@ -248,14 +251,16 @@ class NativeCausalLM(nn.Module):
         config, inner = _text_config(reference), reference.model
         first = inner.layers[0].self_attn
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        embedding = reference.get_input_embeddings()
-        tensors = {name.removeprefix("block_"): buffer for name, buffer in embedding.named_buffers(recurse=False)
-                   if name.startswith("block_")}  # fmt: skip
-        table_args = BlockWeight.from_stored(tensors, embedding.block_meta).kernel_arguments(None)
+        table = module.no_linear()  # the embedding's rows come from its own module unless the native code reads them
+        if _native_embedding(reference.get_input_embeddings()):
+            embedding = reference.get_input_embeddings()
+            tensors = {name.removeprefix("block_"): buffer for name, buffer in embedding.named_buffers(recurse=False)
+                       if name.startswith("block_")}  # fmt: skip
+            table = module.make_linear(*BlockWeight.from_stored(tensors, embedding.block_meta).kernel_arguments(None))
         native = module.Decoder(
             config.hidden_size, config.num_attention_heads, config.num_key_value_heads, head_dim,
             config.intermediate_size, float(inner.norm.variance_epsilon), float(first.scaling),
-            inner.norm.weight.detach().float().contiguous(), module.make_linear(*table_args),
+            inner.norm.weight.detach().float().contiguous(), table,
             _linear(module, reference.get_output_embeddings()),
         )  # fmt: skip
         for layer in inner.layers:
@@ -337,7 +342,7 @@ class NativeCausalLM(nn.Module):
         mask = self._row_mask(attention_mask, cache.capacity)
         logits = self._native.step(
             input_ids, position_ids, start, cache.keys, cache.values, mask, int(logits_to_keep or 0),
-            extension.forced_isa(),
+            extension.forced_isa(), None if self._embed is None else self._embed(input_ids).float(),
         )  # fmt: skip
         cache.length = start + rows
         return _Output(logits, cache)

@@ -244,11 +244,13 @@ class Decoder {
 
   int64_t rotary_positions() const { return cos_.defined() ? cos_.size(0) : 0; }
 
-  // tokens, positions [B, M]; keys / values per layer [B, Hkv, C, Dh]; mask [B, 1, 1, C] bool or none.
+  // tokens, positions [B, M]; keys / values per layer [B, Hkv, C, Dh]; mask [B, 1, 1, C] bool or none;
+  // embedded [B·M, D]: the rows' embeddings where the caller computed them (else the embedding table's rows).
   // Returns logits [B, keep, V] of each b's last `keep` rows (keep = 0: all M), or their final hidden states
   // [B, keep, D] before the head with `hidden_only`.
   at::Tensor step(const at::Tensor& tokens, const at::Tensor& positions, int64_t start, const std::vector<at::Tensor>& keys,
-                  const std::vector<at::Tensor>& values, const OptTensor& mask, int64_t keep, int64_t isa) {
+                  const std::vector<at::Tensor>& values, const OptTensor& mask, int64_t keep, int64_t isa,
+                  const OptTensor& embedded) {
     TORCH_CHECK(tokens.dim() == 2 && positions.sizes() == tokens.sizes(), "decoder: tokens and positions are [B, M]");
     TORCH_CHECK(int64_t(keys.size()) == layers() && int64_t(values.size()) == layers(), "decoder: one cache per layer");
     const int64_t B = tokens.size(0), M = tokens.size(1), R = B * M, D = hidden_, Dh = head_dim_;
@@ -260,14 +262,23 @@ class Decoder {
     const int64_t* tp = tok.data_ptr<int64_t>();
     const int64_t* pp = pos.data_ptr<int64_t>();
     for (int64_t r = 0; r < R; ++r) {
-      TORCH_CHECK(tp[r] >= 0 && tp[r] < embedding_.n, "decoder: token id ", tp[r], " outside the vocabulary");
+      TORCH_CHECK(embedded || (tp[r] >= 0 && tp[r] < embedding_.n), "decoder: token id ", tp[r], " outside the vocabulary");
       TORCH_CHECK(pp[r] >= 0 && pp[r] < rotary_positions(), "decoder: position ", pp[r], " outside the rotary table");
     }
-    at::Tensor h = at::empty({R, D}, at::kFloat);
+    at::Tensor h;
+    if (embedded) {
+      TORCH_CHECK(embedded->numel() == R * D, "decoder: embedded rows must be [B·M, D]");
+      h = embedded->to(at::kFloat).reshape({R, D}).clone();
+    } else {
+      TORCH_CHECK(embedding_.codes.defined(), "decoder: no embedding table: pass the embedded rows");
+      h = at::empty({R, D}, at::kFloat);
+    }
     float* hp = h.data_ptr<float>();
-    over_rows(R, D * 4, [&](int64_t b0, int64_t b1) {
-      for (int64_t r = b0; r < b1; ++r) embedding_.dequantize_row(tp[r], hp + r * D);
-    });
+    if (!embedded) {
+      over_rows(R, D * 4, [&](int64_t b0, int64_t b1) {
+        for (int64_t r = b0; r < b1; ++r) embedding_.dequantize_row(tp[r], hp + r * D);
+      });
+    }
     at::Tensor x = at::empty({R, D}, at::kFloat);
     at::Tensor q = at::empty({B, H, M, Dh}, at::kFloat);
     at::Tensor act = at::empty({R, I}, at::kFloat);
@@ -373,6 +384,8 @@ class Decoder {
   std::optional<c10::TypedOperatorHandle<AttentionFn>> attention_;
 };
 
+Linear no_linear() { return Linear(); }
+
 Linear make_linear(at::Tensor codes, at::Tensor d, OptTensor dmin, OptTensor sc, OptTensor mn, OptTensor bias, int64_t n,
                    int64_t k, int64_t bits, int64_t group, int64_t sb, int64_t offset) {
   Linear w;
@@ -387,6 +400,7 @@ Linear make_linear(at::Tensor codes, at::Tensor d, OptTensor dmin, OptTensor sc,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Linear>(m, "Linear");
   m.def("make_linear", &make_linear);
+  m.def("no_linear", &no_linear);
   pybind11::class_<Decoder>(m, "Decoder")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor, Linear, Linear>())
       .def("add_layer", &Decoder::add_layer)

@@ -171,7 +171,8 @@ def build_drafter(
         drafter = eagle.build_eagle_drafter(spec.assistant_model, target_runner, static_shapes, vocab_size)
         if spec.combined_lookup is None:
             return drafter
-        return LookupOrHead(drafter, spec.combined_lookup, vocab_size, static_shapes)
+        free = SuffixDrafter(vocab_size, spec.suffix_cache, static_shapes) if spec.suffix_cache is not None else None
+        return LookupOrHead(drafter, spec.combined_lookup, vocab_size, static_shapes, free)
     if spec.kind == "early_exit":
         view = make_runner(early_exit_view(target_runner.model, spec.exit_layers), limit=target_runner.position_limit)
         return EarlyExitDrafter(view, target_runner, spec.exit_layers)

@@ -138,3 +138,19 @@ def test_one_way_of_drafting(other, fix):
         generate(target, torch.tensor([[1, 2]]), suffix_cache=True, max_new_tokens=2, **other)
     with pytest.raises(ValueError, match="suffix_cache got str 'yes'"):
         generate(target, torch.tensor([[1, 2]]), suffix_cache="yes", max_new_tokens=2)
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_an_eagle_head_takes_suffix_matches_first(static_shapes):
+    """`suffix_cache=` with an EAGLE-3 head: the suffix drafter's match where there is one, the head elsewhere."""
+    from eagle_fixtures import random_head
+
+    target = build("llama", seed=0)
+    prompt = torch.randint(3, 100, (1, 10), generator=torch.Generator().manual_seed(4))
+    expected = reference_greedy(target, prompt, 24)
+    cache = SuffixCache()
+    cache.add(expected[0].tolist())
+    result = generate(target, prompt, assistant_model=random_head(target), suffix_cache=cache, max_new_tokens=24,
+                      num_assistant_tokens=3, static_shapes=static_shapes)  # fmt: skip
+    assert torch.equal(result.sequences, expected)
+    assert result.stats.drafter == "eagle3+suffix" and result.stats.accepted >= 12

@@ -27,9 +27,14 @@ from assisted_backends.engine.tokens import TokenBuffer
 class LookupOrHead(Drafter):
     name = "eagle3+lookup"
 
-    def __init__(self, head: EagleDrafter, lookup_tokens: int, vocab_size: int, static_shapes: bool) -> None:
+    def __init__(
+        self, head: EagleDrafter, lookup_tokens: int, vocab_size: int, static_shapes: bool, free: Drafter | None = None
+    ) -> None:
         self.head = head
-        self.lookup = PromptLookupDrafter(vocab_size, fixed_length=static_shapes)
+        # `free`: another draft-free source with `matches(buffer)` in place of prompt lookup (the suffix drafter)
+        self.lookup = free if free is not None else PromptLookupDrafter(vocab_size, fixed_length=static_shapes)
+        if free is not None:
+            self.name = f"eagle3+{free.name}"
         self.lookup_tokens = lookup_tokens
         self.static_shapes = static_shapes
         self.lookup_rounds = 0
@@ -43,6 +48,7 @@ class LookupOrHead(Drafter):
 
     def prefill(self, buffer: TokenBuffer) -> None:
         self.head.prefill(buffer)
+        self.lookup.prefill(buffer)
 
     def source(self, buffer: TokenBuffer) -> str:
         """Where the next round's draft comes from: "lookup" when every row has a match, else "head". The schedule
@@ -60,6 +66,9 @@ class LookupOrHead(Drafter):
         return SourceSchedule({"head": head, "lookup": lookup}, lambda: self.source(buffer))
 
     def _every_row_matches(self, buffer: TokenBuffer) -> bool:
+        matches = getattr(self.lookup, "matches", None)
+        if matches is not None:
+            return matches(buffer)
         rows = buffer.row_starts()
         starts = rows.starts if rows is not None else [0]
         return all(
@@ -84,3 +93,4 @@ class LookupOrHead(Drafter):
 
     def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
         self.head.move_rows(move, buffer)
+        self.lookup.move_rows(move, buffer)

@@ -110,7 +110,14 @@ class SuffixDrafter(Drafter):
         """Tokens proposed after a match of m tokens: min(γ, ⌈factor·m⌉), at least one."""
         return lambda matched: max(1, min(gamma, math.ceil(self.spec_factor * matched)))
 
-    def choose(self, row: _Row, gamma: int) -> Continuation:
+    def matches(self, buffer: TokenBuffer) -> bool:
+        """Whether every row has a proposal now (`drafters.eagle.combined`: the suffix match first, else the head)."""
+        if not self.rows:
+            self.prefill(buffer)
+        self._catch_up(buffer)
+        return all(self.choose(row, buffer.capacity, count=False).tokens for row in self.rows)
+
+    def choose(self, row: _Row, gamma: int, count: bool = True) -> Continuation:
         """The row's proposal: the longer match of its own tokens and the cache (a tie: its own)."""
         limit = self.limit(gamma)
         own = row.own_continuation(limit(row.index.current_match()[1]), self.min_match)
@@ -120,11 +127,10 @@ class SuffixDrafter(Drafter):
             cached = self.cache.continuation(context, limit, self.min_probability)
             if cached.matched < self.min_match:
                 cached = NO_CONTINUATION
-        if cached.tokens and cached.matched > own.matched:
-            self.rounds["cache"] += 1
-            return cached
-        self.rounds["own" if own.tokens else "none"] += 1
-        return own
+        from_cache = bool(cached.tokens) and cached.matched > own.matched
+        if count:
+            self.rounds["cache" if from_cache else ("own" if own.tokens else "none")] += 1
+        return cached if from_cache else own
 
     def propose(
         self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None

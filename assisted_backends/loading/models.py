@@ -79,7 +79,10 @@ def load_model(name: str | os.PathLike, what: str = "model", precision: str | No
         files.share_quantized_entry(gguf)
         from assisted_backends.quantized.model import load_gguf_quantized
 
-        return load_gguf_quantized(gguf, scheme=precision or "file", tokenizer=False).model.eval()
+        from assisted_backends.quantized.native_decoder import native_model
+
+        # one native call a forward where the decoder covers the model (the report's step line says which ran)
+        return native_model(load_gguf_quantized(gguf, scheme=precision or "file", tokenizer=False).model.eval())
     resolved = resolve(str(name), what)
     head_dir = eagle_directory(resolved)
     if head_dir is not None:

@@ -317,6 +317,13 @@ def quantized_scheme(model: nn.Module) -> str | None:
 def kernel_report(model: nn.Module) -> str:
     """One line: which kernels `model`'s quantized layers run on, and why not the package's where they don't."""
     kinds = {m.kernel for m in model.modules() if isinstance(m, QuantizedLinear)}
+    step = getattr(model, "step_report", None)  # which forward pass ran and why (`quantized.native_decoder`)
+    if step:
+        return _kernel_line(kinds) + "; " + step
+    return _kernel_line(kinds)
+
+
+def _kernel_line(kinds: set[str]) -> str:
     if kinds == {"blocks"}:
         return extension.status().line()
     if "blocks" in kinds:

@@ -69,9 +69,16 @@ class NativeCache:
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
         self.length = 0
-        self.layers = [_LayerView(self, index) for index in range(layers)]
+        self._views = [_LayerView(self, index) for index in range(layers)]
+        self.static_capacity = capacity if batch is not None else None
+        self.reference_cache = None  # transformers' cache where this one runs the reference (hooks read its layers)
         if batch is not None:
             self._allocate(batch, max(capacity, 1))
+
+    @property
+    def layers(self) -> list:
+        """Per layer, its keys and values (`engine.cache_surgery` moves rows through them)."""
+        return self._views if self.reference_cache is None else self.reference_cache.layers
 
     @property
     def batch(self) -> int | None:
@@ -105,7 +112,10 @@ class NativeCache:
     def crop(self, max_length: int) -> None:
         """Keep the first `max_length` positions (negative: drop that many), as DynamicCache.crop."""
         keep = self.length + max_length if max_length < 0 else max_length
-        self.length = max(0, min(self.length, keep))
+        keep = max(0, min(self.length, keep))
+        if self.reference_cache is not None and keep < self.length:
+            self.reference_cache.crop(keep - self.length)
+        self.length = keep
 
     def view(self, buffers: list, index: int) -> torch.Tensor | None:
         tensor = buffers[index]
@@ -324,17 +334,15 @@ class NativeCausalLM(nn.Module):
         what `past_key_values` holds)."""
         if unused.get("inputs_embeds") is not None:
             raise ValueError("inputs_embeds: the native decoder takes input_ids; load with ASSISTED_BACKENDS_NATIVE=off")
-        if self._hooked():
-            raise NotImplementedError(
-                "a drafter reads this target's hidden states with hooks (EAGLE), which the native decoder does not "
-                "run: set ASSISTED_BACKENDS_NATIVE=off for EAGLE heads"
-            )
         cache = past_key_values if past_key_values is not None else self.new_native_cache()
         if not isinstance(cache, NativeCache):
             raise TypeError(f"past_key_values: the native decoder needs its own cache (new_native_cache), not "
                             f"{type(cache).__name__}")  # fmt: skip
         batch, rows = input_ids.shape
         start = int(cache_position[0]) if cache_position is not None else cache.length
+        if cache.reference_cache is not None or self._hooked():
+            return self._reference_forward(cache, start, input_ids, attention_mask, position_ids, cache_position,
+                                           logits_to_keep)  # fmt: skip
         if position_ids is None:
             position_ids = torch.arange(start, start + rows)[None].expand(batch, rows)
         cache.reserve(batch, start + rows)
@@ -346,6 +354,33 @@ class NativeCausalLM(nn.Module):
         )  # fmt: skip
         cache.length = start + rows
         return _Output(logits, cache)
+
+    def _reference_forward(self, cache: NativeCache, start: int, input_ids, attention_mask, position_ids,
+                           cache_position, logits_to_keep) -> _Output:  # fmt: skip
+        """transformers' modeling for a cache whose run has hooks on the reference's layers (an EAGLE head's feature
+        tap reads hidden states the native step does not expose): from its first forward on, that cache holds the
+        reference's own cache of the same kind, and every forward on it runs the reference."""
+        from assisted_backends import hf_compat
+
+        if cache.reference_cache is None:
+            if cache.length > 0:
+                raise NotImplementedError(
+                    "hooks were put on the target's layers after its native cache was filled: set "
+                    "ASSISTED_BACKENDS_NATIVE=off for drafters that read hidden states"
+                )
+            if cache.static_capacity is not None:
+                cache.reference_cache = hf_compat.new_static_cache(
+                    self.reference, cache.batch, cache.static_capacity, torch.float32, torch.device("cpu")
+                )
+            else:
+                cache.reference_cache = hf_compat.new_dynamic_cache(self.reference)
+        kwargs = hf_compat.logits_to_keep_kwargs(self.reference, logits_to_keep) if logits_to_keep else {}
+        output = self.reference(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+            cache_position=cache_position, **hf_compat.cache_kwargs(self.reference, cache.reference_cache), **kwargs,
+        )  # fmt: skip
+        cache.length = start + input_ids.shape[1]
+        return _Output(output.logits, cache)
 
     @staticmethod
     def _row_mask(attention_mask: torch.Tensor | None, capacity: int) -> torch.Tensor | None:

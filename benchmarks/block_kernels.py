@@ -3,18 +3,29 @@ bandwidth measured in the same run and against PyTorch's int4 kernel (the fallba
 
     python -m benchmarks.block_kernels                                  # 0.5B 1.5B 7B, Q4_0 Q4_K Q8_0, 1 and 2 threads
     python -m benchmarks.block_kernels --sizes 0.5B --formats Q4_0 --threads 1 --repeats 3   # smoke
+    python -m benchmarks.block_kernels --prefetch 0 2048 6144 12288 --sizes 1.5B --formats Q4_0 --no-aten
+    python -m benchmarks.block_kernels --decode --sizes 0.5B 1.5B 3B 7B          # against llama-bench, whole models
 
 Per size, format and thread count: one pass over every linear layer of the model's decoder (the layers' own
 copies, so nothing is served from a cache; the LM head left out) with M = 1, 2, 4, 5, 8, 16 activation rows,
 interleaved; the median time of M = 1 as effective GB/s (weight bytes / time) and as a fraction of `tensor.sum()`'s
 read bandwidth; the other M as multiples of M = 1 (a verify pass of γ = M − 1 costs that many decode steps of
 the layers). PyTorch's `_weight_int4pack_mm_for_cpu` (group 32, bf16) runs the same shapes for comparison.
-Weights are random bytes with sane fp16 scales: speed does not depend on the values.
+Weights are random bytes with sane fp16 scales: speed does not depend on the values. `--prefetch` repeats the
+M = 1 pass at each prefetch distance (bytes ahead in the code stream, `block_prefetch`), interleaved: the
+distance to keep on this machine. The CPU's model name and instruction-set flags are recorded with the figures.
+
+`--decode`: whole models instead of layers. For each size, the random Q4_0 file of `benchmarks.gguf_scaling`
+(written on first use) decoded greedily by this package (`--new-tokens` tokens after a 16-token prompt, EOS
+ignored) and by llama.cpp's `llama-bench` (tg`--new-tokens` from an empty context, one repetition a run; built by
+`benchmarks.harness.llama_cpp_tools`), alternated `--repeats` times per thread count; medians, the ratio, this
+package's 8-row verify pass in one-token steps, and two threads over one for each engine.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import numpy as np
 import torch
@@ -92,11 +103,18 @@ def main() -> None:
     parser.add_argument("--threads", nargs="*", type=int, default=[1, 2])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-aten", action="store_true", help="leave PyTorch's int4 kernel out")
+    parser.add_argument("--prefetch", nargs="*", type=int, default=[], help="prefetch distances (bytes) to compare")
+    parser.add_argument("--decode", action="store_true", help="whole models against llama-bench (module docstring)")
+    parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     status = extension.status()
     if not status.available:
         raise SystemExit(f"the package's kernels do not run here: {status.reason}")
+    if args.decode:
+        return decode_main(args, status)
+    if args.prefetch:
+        return prefetch_main(args, status)
     results = []
     for size in args.sizes:
         for kind in args.formats:
@@ -123,9 +141,104 @@ def main() -> None:
                 results.append(row)
             del cases
     loads = [float(x) for x in open("/proc/loadavg").read().split()[:3]]
-    payload = {"what": __doc__.split("\n\n")[0].replace("\n", " "), "kernels": status.line(), "load_average": loads,
-               "results": results}  # fmt: skip
+    payload = {"what": __doc__.split("\n\n")[0].replace("\n", " "), "kernels": status.line(), "cpu": _cpu(),
+               "load_average": loads, "results": results}  # fmt: skip
     write_result("block_kernels", command_line("block_kernels"), payload, args.out or RESULTS / "block_kernels.json")
+
+
+def _cpu() -> dict:
+    from benchmarks.harness.llama_cpp_tools import cpu_model_and_flags
+
+    model, flags = cpu_model_and_flags()
+    return {"model": model, "isa_flags": [f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))]}
+
+
+def _loads() -> list[float]:
+    return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
+
+
+def prefetch_main(args, status) -> None:
+    """M = 1 passes at each prefetch distance, interleaved (per size, format, thread count)."""
+    results = []
+    for size in args.sizes:
+        for kind in args.formats:
+            cases, sizes = cases_for(size, kind, with_aten=False)
+            one = cases["blocks_1"]
+
+            def at(distance: int, one=one):
+                return lambda: (torch.ops.assisted_backends.block_prefetch(distance), one())
+
+            variants = {f"prefetch_{d}": at(d) for d in args.prefetch}
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                timings = interleaved(variants, args.repeats, warmup=1)
+                medians = timings.medians()
+                best = min(medians, key=medians.get)
+                row = {"size": size, "format": kind, "threads": threads, "load_before": _loads(),
+                       "m1_gbs": {name: round(sizes["blocks"] / t / 1e9, 1) for name, t in medians.items()},
+                       "best": best}  # fmt: skip
+                print(row, flush=True)
+                results.append(row)
+            del cases
+    torch.ops.assisted_backends.block_prefetch(6144)
+    payload = {"what": "M = 1 layer passes at several prefetch distances", "kernels": status.line(), "cpu": _cpu(),
+               "load_average": _loads(), "results": results}  # fmt: skip
+    write_result(
+        "block_kernels", command_line("block_kernels"), payload, args.out or RESULTS / "block_kernels_prefetch.json"
+    )
+
+
+def decode_main(args, status) -> None:
+    """Whole random Q4_0 models: this package's plain decoding against llama-bench's, alternated."""
+    import statistics
+
+    import assisted_backends
+    from benchmarks.gguf_scaling import ours, ours_decoder, random_file
+    from benchmarks.harness.llama_cpp_tools import llama_cpp_tools, run_bench
+    from benchmarks.harness.steps import step_seconds
+
+    tools = llama_cpp_tools()
+    prompt = torch.arange(10, 26)[None]
+    results = []
+    for size in args.sizes:
+        path = random_file(size, "Q4_0")
+        model, _ = ours(path)
+        for threads in args.threads:
+            assisted_backends.set_threads(threads)
+            decode = ours_decoder(model, prompt, args.new_tokens)
+            decode()  # warm-up
+            ours_tps, peer_tps = [], []
+            load_before = _loads()
+            for _ in range(args.repeats):
+                began = time.perf_counter()
+                decode()
+                ours_tps.append(args.new_tokens / (time.perf_counter() - began))
+                bench = run_bench(path, threads=(threads,), prompts=(), gen=args.new_tokens, repetitions=1, tools=tools)
+                peer_tps.append(bench["by_threads"][threads]["decode_tok_s"])
+            step = step_seconds(model, prompt, 1, repeats=5)
+            row = {
+                "size": size, "quant": "Q4_0", "threads": threads, "new_tokens": args.new_tokens,
+                "ours_tok_s": round(statistics.median(ours_tps), 2),
+                "ours_spread": [round(min(ours_tps), 2), round(max(ours_tps), 2)],
+                "llama_bench_tok_s": round(statistics.median(peer_tps), 2),
+                "llama_bench_spread": [round(min(peer_tps), 2), round(max(peer_tps), 2)],
+                "ours_step_ms": round(1e3 * step, 1),
+                "ours_verify_8_in_steps": round(step_seconds(model, prompt, 8, repeats=5) / step, 2),
+                "load_before": load_before, "load_after": _loads(),
+            }  # fmt: skip
+            row["ours_vs_llama_bench"] = round(row["ours_tok_s"] / row["llama_bench_tok_s"], 3)
+            print(row, flush=True)
+            results.append(row)
+        for one, two in zip(results[-len(args.threads) :], results[-len(args.threads) + 1 :]):
+            two["ours_two_over_one"] = round(two["ours_tok_s"] / one["ours_tok_s"], 2)
+            two["llama_bench_two_over_one"] = round(two["llama_bench_tok_s"] / one["llama_bench_tok_s"], 2)
+        del model
+    payload = {"what": "plain greedy decoding of random Q4_0 files: this package against llama-bench (tg)",
+               "kernels": status.line(), "cpu": _cpu(), "llama_cpp_tools": str(tools["llama-bench"]),
+               "load_average": _loads(), "results": results}  # fmt: skip
+    write_result(
+        "block_kernels", command_line("block_kernels"), payload, args.out or RESULTS / "block_kernels_decode.json"
+    )
 
 
 if __name__ == "__main__":

@@ -253,12 +253,12 @@ void run(const Weights& w, int64_t isa, const float* x, int64_t m, float* y) {
         quantize_range(x, w.k, u, end, a, vector);
         units_done.fetch_add(end - u, std::memory_order_release);
       }
-      while (units_done.load(std::memory_order_acquire) < units) _mm_pause();
+      ab_pool::wait_until([&] { return units_done.load(std::memory_order_acquire) >= units; });
     } else if (std::this_thread::get_id() == caller) {
       quantize_range(x, w.k, 0, units, a, vector);
       ready.store(true, std::memory_order_release);
     } else {
-      while (!ready.load(std::memory_order_acquire)) _mm_pause();
+      ab_pool::wait_until([&] { return ready.load(std::memory_order_acquire); });
     }
     int64_t taken = 0;
     for (int64_t begin; (begin = next.fetch_add(chunk, std::memory_order_relaxed)) < tiles;) {

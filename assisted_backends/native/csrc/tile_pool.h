@@ -22,6 +22,17 @@
 
 namespace ab_pool {
 
+// Wait until ready(): spin a little, then yield the core between checks (on a busy machine the thread we wait
+// for may need the very core we would spin on).
+template <class Ready>
+inline void wait_until(Ready ready) {
+  for (int i = 0; i < 256; ++i) {
+    if (ready()) return;
+    _mm_pause();
+  }
+  while (!ready()) std::this_thread::yield();
+}
+
 class Pool {
  public:
   static Pool& get() {
@@ -49,7 +60,7 @@ class Pool {
     }
     job();
     open_.store(false);
-    while (active_.load() != 0) _mm_pause();
+    wait_until([&] { return active_.load() == 0; });
     const int64_t ran = entered_.load();
     return ran < helpers ? ran : helpers;
   }
@@ -79,6 +90,7 @@ class Pool {
         while ((now = epoch_.load()) == seen) {
           for (int i = 0; i < 64 && epoch_.load(std::memory_order_relaxed) == seen; ++i) _mm_pause();
           if (std::chrono::steady_clock::now() > until) break;
+          std::this_thread::yield();  // spinning, but never in the way of a runnable thread
         }
         if (now == seen) {
           std::unique_lock<std::mutex> lock(mutex_);

@@ -21,6 +21,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <immintrin.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -256,6 +257,7 @@ class Decoder {
     const int64_t B = tokens.size(0), M = tokens.size(1), R = B * M, D = hidden_, Dh = head_dim_;
     const int64_t H = heads_, Hkv = kv_heads_, I = intermediate_;
     TORCH_CHECK(R > 0, "decoder: no rows");
+    const auto began = Clock::now();
     const int64_t capacity = keys[0].size(2);
     TORCH_CHECK(start >= 0 && start + M <= capacity, "decoder: the cache holds ", capacity, " positions, not ", start + M);
     const at::Tensor tok = tokens.to(at::kLong).contiguous(), pos = positions.to(at::kLong).contiguous();
@@ -327,7 +329,9 @@ class Decoder {
         }
       });
       outs.clear();
+      const auto attention_began = Clock::now();
       const at::Tensor attended = attention_->call(q, keys[l], values[l], mask, lengths, scale_, isa);  // [B, M, H, Dh]
+      attention_ns_ += elapsed(attention_began);
       add_rows(hp, run(layer.o, attended.view({R, H * Dh}), isa), R, D);
       norm_rows(hp, layer.post_norm.data_ptr<float>(), R, D, xp);
       if (layer.gate_up.size() == 1) {
@@ -351,14 +355,29 @@ class Decoder {
     const float* fn = final_norm_.data_ptr<float>();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t j = 0; j < kept; ++j) rms_norm(hp + (b * M + M - kept + j) * D, fn, D, eps_, lp + (b * kept + j) * D);
-    return run(head_, last, isa).view({B, kept, head_.n});
+    at::Tensor logits = run(head_, last, isa).view({B, kept, head_.n});
+    total_ns_ += elapsed(began);
+    ++steps_;
+    return logits;
   }
+
+  // Time inside the kernels' calls and in whole steps since the last reset: (linear ns, attention ns, step ns, steps).
+  std::tuple<int64_t, int64_t, int64_t, int64_t> timings() const { return {linear_ns_, attention_ns_, total_ns_, steps_}; }
+  void reset_timings() { linear_ns_ = attention_ns_ = total_ns_ = steps_ = 0; }
 
   int64_t layers() const { return int64_t(layers_.size()); }
 
  private:
-  at::Tensor run(const Linear& w, const at::Tensor& x, int64_t isa) const {
-    return linear_->call(x, w.codes, w.d, w.dmin, w.sc, w.mn, w.bias, w.n, w.k, w.bits, w.group, w.sb, w.offset, isa);
+  using Clock = std::chrono::steady_clock;
+  static int64_t elapsed(Clock::time_point since) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - since).count();
+  }
+
+  at::Tensor run(const Linear& w, const at::Tensor& x, int64_t isa) {
+    const auto began = Clock::now();
+    at::Tensor y = linear_->call(x, w.codes, w.d, w.dmin, w.sc, w.mn, w.bias, w.n, w.k, w.bits, w.group, w.sb, w.offset, isa);
+    linear_ns_ += elapsed(began);
+    return y;
   }
 
   void norm_rows(const float* h, const float* w, int64_t rows, int64_t d, float* out) const {
@@ -380,6 +399,7 @@ class Decoder {
   at::Tensor final_norm_, cos_, sin_;
   Linear embedding_, head_;
   std::vector<Layer> layers_;
+  int64_t linear_ns_ = 0, attention_ns_ = 0, total_ns_ = 0, steps_ = 0;
   std::optional<c10::TypedOperatorHandle<LinearFn>> linear_;
   std::optional<c10::TypedOperatorHandle<AttentionFn>> attention_;
 };
@@ -407,5 +427,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_rotary", &Decoder::set_rotary)
       .def("rotary_positions", &Decoder::rotary_positions)
       .def("layers", &Decoder::layers)
+      .def("timings", &Decoder::timings)
+      .def("reset_timings", &Decoder::reset_timings)
       .def("step", &Decoder::step, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

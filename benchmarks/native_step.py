@@ -1,0 +1,182 @@
+"""SmolLM2-135M's `.gguf` step on the native decoder (`quantized.native_decoder`) against today's path
+(transformers' modeling on the same kernels, batch-invariant attention) and llama.cpp's own llama-bench.
+
+    python -m benchmarks.native_step [--threads 1 2] [--repeats 7] [--tokens 32] [--no-llama-bench]
+
+Per thread count, interleaved medians: decode tokens/s (32 greedy steps after a 64-token prompt, the cache cut
+back after each timed call), a verify pass over 5 and 8 rows in decode steps, prefill of a 128-token prompt in
+tokens/s; the native step's split by the decoder's own clocks (inside the kernels' calls `block_linear` and
+`row_attention`, the rest of the C++ step, Python around the call); resident memory beyond `import torch,
+transformers` against the file; llama-bench tg64 / pp128 on the same file where its tools are built
+(`benchmarks.harness.llama_cpp_tools`; this script never builds them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from benchmarks.harness import command_line, ensure_real_gguf, interleaved, write_result
+
+PROMPT = 64
+PREFILL = 128
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+def _decoder(model, cache_factory, tokens: int):
+    """One timed call: `tokens` greedy steps after the prompt, the cache cut back to it afterwards."""
+    from assisted_backends import hf_compat
+
+    cache = cache_factory()
+    prompt = torch.arange(100, 100 + PROMPT)[None]
+    with torch.inference_mode():
+        first = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+    start_token = first[:, -1:].argmax(-1)
+
+    def run() -> None:
+        token, position = start_token, PROMPT
+        with torch.inference_mode():
+            for _ in range(tokens):
+                out = model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                            cache_position=torch.tensor([position]), position_ids=torch.tensor([[position]]))  # fmt: skip
+                token, position = out.logits[:, -1:].argmax(-1), position + 1
+        hf_compat.crop_dynamic_cache(cache, PROMPT)
+
+    return run, cache
+
+
+def _pass(model, cache, rows: int):
+    """One forward of `rows` new tokens on top of the prompt's cache, cut back afterwards."""
+    from assisted_backends import hf_compat
+
+    tokens = torch.arange(200, 200 + rows)[None]
+
+    def run() -> None:
+        with torch.inference_mode():
+            model(input_ids=tokens, past_key_values=cache, use_cache=True, cache_position=torch.arange(PROMPT,
+                  PROMPT + rows), position_ids=torch.arange(PROMPT, PROMPT + rows)[None])  # fmt: skip
+        hf_compat.crop_dynamic_cache(cache, PROMPT)
+
+    return run
+
+
+def _prefill(model, cache_factory):
+    tokens = torch.arange(50, 50 + PREFILL)[None]
+
+    def run() -> None:
+        with torch.inference_mode():
+            model(input_ids=tokens, past_key_values=cache_factory(), use_cache=True, logits_to_keep=1)
+
+    return run
+
+
+def _split(native, steps: int = 32) -> dict[str, float]:
+    """Shares of the native decode step's wall time: inside the linear kernels' calls, inside the attention
+    kernel's calls, the rest of the C++ step (norms, rotary, cache writes, SiLU, the embedding row), and Python
+    around the call (the engine's runner not included), from the decoder's own clocks."""
+    import time
+
+    run, _ = _decoder(native, native.new_native_cache, steps)
+    run()
+    native._native.reset_timings()
+    began = time.perf_counter_ns()
+    run()
+    wall = time.perf_counter_ns() - began
+    linear, attention, inside, count = native._native.timings()
+    return {"step_ms": wall / 1e6 / steps, "linear_kernels": linear / wall, "attention_kernel": attention / wall,
+            "rest_of_the_cpp_step": (inside - linear - attention) / wall, "python_around_the_call": 1 - inside / wall,
+            "steps_counted": count}  # fmt: skip
+
+
+def _llama_bench(path, threads: list[int]) -> dict | None:
+    from benchmarks.harness.llama_cpp_tools import llama_cpp_tools, run_bench
+
+    tools = llama_cpp_tools(build=False)
+    if "llama-bench" not in tools:
+        print("llama-bench is not built here (benchmarks.harness.llama_cpp_tools builds it): skipped")
+        return None
+    result = run_bench(path, threads=tuple(threads), prompts=(PREFILL,), gen=64, repetitions=3, tools=tools)
+    return {"command": " ".join(result["command"]), "by_threads": result["by_threads"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--no-llama-bench", action="store_true")
+    parser.add_argument("--output", default=None, help="result name (default native_step)")
+    arguments = parser.parse_args()
+
+    import transformers  # noqa: F401  (the imports' memory, before the model)
+
+    imports_mib = _rss_mib()
+    from assisted_backends import hf_compat
+    from assisted_backends.backends.cpu import invariant_attention
+    from assisted_backends.quantized.model import load_gguf_quantized
+    from assisted_backends.quantized.native_decoder import NativeCausalLM
+
+    path = ensure_real_gguf("smollm2-135m-instruct")
+    reference = load_gguf_quantized(path, tokenizer=False).model
+    invariant_attention.enable(reference)
+    native = NativeCausalLM(reference)
+    native_step, native_cache = _decoder(native, native.new_native_cache, arguments.tokens)
+    native_step()
+    loaded_mib = _rss_mib()
+    per_threads = {}
+    for threads in arguments.threads:
+        torch.set_num_threads(threads)
+        reference_step, reference_cache = _decoder(reference, lambda: hf_compat.new_dynamic_cache(reference),
+                                                   arguments.tokens)  # fmt: skip
+        native_step, native_cache = _decoder(native, native.new_native_cache, arguments.tokens)
+        cases = {"native_decode": native_step, "reference_decode": reference_step}
+        for rows in (1, 5, 8):
+            cases[f"native_pass_{rows}"] = _pass(native, native_cache, rows)
+            cases[f"reference_pass_{rows}"] = _pass(reference, reference_cache, rows)
+        cases["native_prefill"] = _prefill(native, native.new_native_cache)
+        cases["reference_prefill"] = _prefill(reference, lambda: hf_compat.new_dynamic_cache(reference))
+        medians = interleaved(cases, arguments.repeats).medians()
+        entry = {"load_average_1min": os.getloadavg()[0]}
+        for path_name in ("native", "reference"):
+            entry[path_name] = {
+                "decode_tok_s": arguments.tokens / medians[f"{path_name}_decode"],
+                "step_ms": 1000 * medians[f"{path_name}_decode"] / arguments.tokens,
+                "verify_5_in_steps": medians[f"{path_name}_pass_5"] / medians[f"{path_name}_pass_1"],
+                "verify_8_in_steps": medians[f"{path_name}_pass_8"] / medians[f"{path_name}_pass_1"],
+                "prefill_tok_s": PREFILL / medians[f"{path_name}_prefill"],
+            }
+        entry["native_over_reference_decode"] = entry["native"]["decode_tok_s"] / entry["reference"]["decode_tok_s"]
+        entry["native_split"] = _split(native)
+        per_threads[threads] = entry
+        print(threads, "threads:", entry)
+    result = {
+        "model": str(path.name),
+        "file_mib": path.stat().st_size / (1 << 20),
+        "rss_after_imports_mib": imports_mib,
+        "rss_after_load_and_decode_mib": loaded_mib,
+        "beyond_imports_over_file": (loaded_mib - imports_mib) / (path.stat().st_size / (1 << 20)),
+        "note_memory": "the reference model (transformers' modules) is loaded too: the native path shares its "
+        "weights, so the figure is the package's whole load, not the native decoder's alone",
+        "by_threads": per_threads,
+    }
+    if not arguments.no_llama_bench:
+        bench = _llama_bench(path, arguments.threads)
+        if bench is not None:
+            result["llama_bench"] = bench
+            for threads, entry in per_threads.items():
+                theirs = bench["by_threads"].get(threads, {})
+                if theirs.get("decode_tok_s"):
+                    entry["native_over_llama_bench_decode"] = entry["native"]["decode_tok_s"] / theirs["decode_tok_s"]
+                if theirs.get("prefill_tok_s", {}).get(PREFILL):
+                    entry["native_over_llama_bench_prefill"] = entry["native"]["prefill_tok_s"] / theirs["prefill_tok_s"][PREFILL]
+    write_result(arguments.output or "native_step", command_line("native_step"), result)
+
+
+if __name__ == "__main__":
+    main()

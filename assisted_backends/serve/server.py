@@ -8,6 +8,7 @@ SIGINT: it stops accepting connections, lets requests in flight finish, then the
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
 import time
@@ -107,6 +108,9 @@ def run(args: argparse.Namespace, sock: socket.socket, name: str) -> int:
     host, port = sock.getsockname()[:2]
     print(line, file=sys.stderr)
     print(f"{name} served at http://{host}:{port}/v1 (OpenAI API; GET /health, /metrics)", file=sys.stderr, flush=True)
+    # uvicorn raises the signal it caught again once it has drained, to the handler found when it started: this
+    # one, so that a SIGTERM that drained cleanly ends the process with status 0
+    signal.signal(signal.SIGTERM, lambda number, frame: None)
     server.run(sockets=[sock])
     print("stopped: every request in flight finished", file=sys.stderr, flush=True)
     return 0

@@ -80,10 +80,10 @@ def test_chat_whole_and_streamed(client, reference):
 
 
 def test_sixteen_concurrent_clients_get_their_answers_alone(server, client, reference):
-    """16 clients at once through 4 slots, mixed prompt lengths (7-227 tokens) and limits (4-60): each text is the
+    """16 clients at once through 4 slots, mixed prompt lengths (7-227 tokens) and limits (4-32): each text is the
     one `generate` makes of that prompt alone, whoever shared its batch."""
     prompts = demo_prompts(16)
-    limits = [4 + (i * 23) % 57 for i in range(16)]
+    limits = [4 + (i * 11) % 29 for i in range(16)]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda pair: _complete(client, *pair)[0], zip(prompts, limits)))
     for prompt, limit, answer in zip(prompts, limits, answers):
@@ -209,3 +209,38 @@ def test_disconnected_plain_request_frees_its_slot(server):
     while _busy(server) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _busy(server) == 0
+
+
+def test_soak_leaks_no_slot_and_no_memory(server):
+    """240 short requests from 8 clients, a tenth of them streams dropped after their first chunk: no slot stays
+    busy, nothing waits, and resident memory grows by less than 16 MiB over the last 80 (the first ones warm
+    caches and allocator pools up: +27 MiB from the first 100 to the second, +48 KiB to the third, measured)."""
+    prompts = demo_prompts(8)
+    url = f"{server.base_url}/completions"
+
+    def one(i: int) -> int:
+        body = {"model": "demo", "prompt": prompts[i % 8], "max_tokens": 1 + i % 6, "temperature": 0}
+        if i % 10 == 0:
+            with httpx.stream("POST", url, json={**body, "stream": True, "max_tokens": 200}, timeout=60) as response:
+                next(response.iter_lines())
+            return 200
+        return httpx.post(url, json=body, timeout=60).status_code
+
+    def burst(count: int, offset: int) -> list[int]:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            return list(pool.map(one, range(offset, offset + count)))
+
+    sizes = []
+    for offset in range(0, 240, 80):
+        assert set(burst(80, offset)) == {200}
+        sizes.append(server.rss_kib())
+    print("resident KiB after each 80 requests:", sizes)
+    deadline = time.monotonic() + 10
+    while _busy(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status, health = server.get("/health")
+    assert health["busy"] == 0 and health["waiting"] == 0
+    grown = sizes[-1] - sizes[1]
+    assert grown < 16 * 1024, f"resident memory grew by {grown} KiB over the last 80 requests: {sizes}"
+    _, metrics = server.get("/metrics")
+    assert "assisted_slots_busy 0.0" in metrics and "assisted_queue_depth 0.0" in metrics

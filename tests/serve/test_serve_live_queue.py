@@ -1,0 +1,83 @@
+"""The engine side of serving, in process: `api.queue.generate_live` fed while it runs (a source whose prompts
+arrive between rounds), rows with their own limits, rows cancelled mid-way, the batch growing to its slots;
+every finished row's tokens equal `generate` on its prompt alone. And `import assisted_backends.serve` loads no
+web framework."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from serve_process import Reference, demo_prompts
+
+from assisted_backends.api.queue import generate_live
+
+
+class ArrivingSource:
+    """Prompt i may join once the loop has polled `arrive_after[i]` times (deterministic arrivals); the rows named in
+    `cancel_at` (row -> poll count) are cancelled then."""
+
+    def __init__(self, prompts, limits, arrive_after, cancel_at=None):
+        self.prompts, self.limits, self.arrive_after = prompts, limits, arrive_after
+        self.cancel_at, self.polls, self.taken, self.reported = cancel_at or {}, 0, 0, set()
+
+    def pending(self) -> int:
+        self.polls += 1
+        count = 0
+        for i in range(self.taken, len(self.prompts)):
+            if self.arrive_after[i] > self.polls:
+                break
+            count += 1
+        return count
+
+    def take(self):
+        i, self.taken = self.taken, self.taken + 1
+        return i, torch.tensor(self.prompts[i]), self.limits[i]
+
+    def cancelled(self) -> list[int]:
+        due = [i for i, at in self.cancel_at.items() if at <= self.polls and i < self.taken and i not in self.reported]
+        self.reported.update(due)
+        return due
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return Reference()
+
+
+@pytest.mark.parametrize("drafted", [True, False], ids=["draft", "plain"])
+def test_live_rows_equal_generate_alone(reference, drafted):
+    from assisted_backends.api.generation import AssistedGenerator
+    from assisted_backends.demo.pair import shipped_pair
+
+    pair = shipped_pair()
+    generator = AssistedGenerator(str(pair.target_dir), str(pair.draft_dir) if drafted else None, dtype="fp32")
+    prompts = [reference.ids(text) for text in demo_prompts(10)]
+    limits = [3 + (7 * i) % 16 for i in range(10)]
+    source = ArrivingSource(prompts, limits, arrive_after=[0, 0, 3, 3, 3, 4, 9, 9, 15, 16], cancel_at={4: 8})
+    finished, progress = {}, {}
+    stats = generate_live(
+        generator, source, 4, 512, lambda i, t: finished.setdefault(i, t.tolist()),
+        lambda i, t: progress.setdefault(i, []).append(t.shape[0]), do_sample=False, pad_token_id=1,
+    )  # fmt: skip
+    assert source.taken == 10 and sorted(finished) == list(range(10))
+    assert stats.joins >= 7  # the first batch had 2 rows: the others joined while the loop ran
+    for i, (prompt, limit) in enumerate(zip(prompts, limits)):
+        alone = reference.tokens(prompt, limit)
+        if i == 4:  # cancelled: what it had committed, a prefix of its answer
+            assert finished[i] == alone[: len(finished[i])] and len(finished[i]) < len(alone)
+        else:
+            assert finished[i] == alone
+        assert all(a < b for a, b in zip(progress.get(i, []), progress.get(i, [])[1:]))  # growing, once per round
+
+
+def test_importing_the_server_loads_no_web_framework():
+    code = (
+        "import sys, assisted_backends, assisted_backends.serve, assisted_backends.serve.cli; "
+        "heavy = ('fastapi', 'uvicorn', 'starlette', 'prometheus_client', 'torch'); "
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

@@ -125,14 +125,15 @@ def _proposed(drafter: SuffixDrafter, ids: list[int], gamma: int = 6) -> list[in
 def test_the_drafter_takes_the_longer_match_and_scales_the_length_with_it():
     cache = SuffixCache()
     cache.add([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
-    assert _proposed(SuffixDrafter(32, cache), [20, 3, 4]) == [5, 6, 7, 8]  # a 2-token match: 2·2 tokens
-    assert _proposed(SuffixDrafter(32, cache), [2, 3, 4], gamma=5) == [5, 6, 7, 8, 9]  # 3 matched: up to γ
+    assert _proposed(SuffixDrafter(32, cache), [20, 3, 4]) == [5, 6]  # a 2-token match: 2 tokens
+    assert _proposed(SuffixDrafter(32, cache), [1, 2, 3, 4], gamma=3) == [5, 6, 7]  # 4 matched: up to γ
+    assert _proposed(SuffixDrafter(32, cache, spec_factor=2.0), [20, 3, 4]) == [5, 6, 7, 8]  # 2·2 tokens
     assert _proposed(SuffixDrafter(32, cache), [20, 21, 4]) == []  # one token matched: nothing, a plain round
-    assert _proposed(SuffixDrafter(32, None), [5, 1, 2, 9, 8, 1, 2]) == [9, 8, 1, 2]  # its own tokens
+    assert _proposed(SuffixDrafter(32, None), [5, 1, 2, 9, 8, 1, 2]) == [9, 8]  # its own tokens
     # its own "2 3" -> "9 8 ..." (2 tokens matched) against the cache's "1 2 3" -> "4 5 ..." (3): the longer wins
-    assert _proposed(SuffixDrafter(32, cache), [5, 2, 3, 9, 8, 1, 2, 3]) == [4, 5, 6, 7, 8, 9]
+    assert _proposed(SuffixDrafter(32, cache), [5, 2, 3, 9, 8, 1, 2, 3]) == [4, 5, 6]
     # its own "1 2" -> "9 8 3 1" against the cache's "1 2" -> "3 4 ...": a tie goes to the request's own tokens
-    assert _proposed(SuffixDrafter(32, cache), [5, 1, 2, 9, 8, 3, 1, 2]) == [9, 8, 3, 1]
+    assert _proposed(SuffixDrafter(32, cache), [5, 1, 2, 9, 8, 3, 1, 2]) == [9, 8]
 
 
 def test_suffix_cache_values_are_checked():

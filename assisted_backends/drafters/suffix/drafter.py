@@ -29,7 +29,7 @@ from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.tokens import TokenBuffer
 
-DEFAULT_SPEC_FACTOR = 2.0  # tokens proposed per matched token (the match length scales the speculation)
+DEFAULT_SPEC_FACTOR = 1.0  # tokens proposed per matched token (the match length scales the speculation)
 DEFAULT_MIN_PROBABILITY = 0.1  # SuffixDecoding's and vLLM's default
 DEFAULT_MIN_MATCH = 2  # as prompt lookup: a one-token match predicts little
 

@@ -28,7 +28,10 @@ from assisted_backends.quantized.blocks import BlockWeight
 from assisted_backends.quantized.fusion import ProjectionSlice
 from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# model_type -> (activation code of decoder.cpp, whether norms scale by 1 + w, whether each block's output is normed)
+FAMILIES = {"llama": (0, False, False), "mistral": (0, False, False), "qwen2": (0, False, False),
+            "qwen3": (0, False, False), "gemma3_text": (1, True, True)}  # fmt: skip
+_ACTIVATIONS = {0: ("silu",), 1: ("gelu_pytorch_tanh",)}
 STEP_LINE = "forward pass: the native decoder (one call into C++ a step, batch-invariant)"
 _GROWTH = 256  # positions a dynamic cache grows by (at least)
 
@@ -171,12 +174,16 @@ def why_not_native(model: nn.Module) -> str | None:
     kind = getattr(config, "model_type", None)
     if kind not in FAMILIES:
         return f"its family ({kind}) is not one the native decoder covers yet ({', '.join(FAMILIES)})"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"its activation ({config.hidden_act}) is not SiLU"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "it has sliding-window attention"
-    if any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or ())):
-        return "it has layers other than full attention"
+    activation = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    if activation not in _ACTIVATIONS[FAMILIES[kind][0]]:
+        return f"its activation ({activation}) is not the one the native decoder computes for {kind}"
+    if any(kind not in ("full_attention", "sliding_attention") for kind in (getattr(config, "layer_types", None) or ())):
+        return "it has layers other than full or sliding-window attention"
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(config, name, None):
+            return f"it soft-caps logits ({name})"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "its attention is bidirectional"
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     if rope.get("rope_type", rope.get("type", "default")) in ("dynamic", "longrope"):
         return f"its rotary scaling ({rope.get('rope_type', rope.get('type'))}) depends on the sequence length"
@@ -188,6 +195,8 @@ def why_not_native(model: nn.Module) -> str | None:
         return "its LM head is not a block-quantized layer"
     for layer in inner.layers:
         attention, mlp = layer.self_attn, layer.mlp
+        if not hasattr(layer, "input_layernorm") or _mlp_norm(layer) is None:
+            return "its layers' norms are not laid out as a Llama-family layer's"
         if _projections(attention, ("q_proj", "k_proj", "v_proj")) is None or not _block_linear(attention.o_proj):
             return "an attention projection is not on the package's block kernels"
         if _projections(mlp, ("gate_proj", "up_proj")) is None or not _block_linear(mlp.down_proj):
@@ -195,6 +204,28 @@ def why_not_native(model: nn.Module) -> str | None:
         if (getattr(attention, "q_norm", None) is None) != (getattr(attention, "k_norm", None) is None):
             return "it normalizes only one of q and k"
     return None
+
+
+def _mlp_norm(layer: nn.Module) -> nn.Module | None:
+    """The norm before the MLP: Llama's `post_attention_layernorm`, Gemma 3's `pre_feedforward_layernorm` (whose
+    `post_attention_layernorm` norms the attention's output)."""
+    return getattr(layer, "pre_feedforward_layernorm", None) or getattr(layer, "post_attention_layernorm", None)
+
+
+def _window(model: nn.Module, attention: nn.Module) -> int:
+    """A layer's sliding window (0: none): the attention module's own, or Mistral's config-wide one."""
+    config = _text_config(model)
+    window = getattr(attention, "sliding_window", None)
+    if window is None and config.model_type == "mistral":
+        window = getattr(config, "sliding_window", None)
+    return int(window or 0)
+
+
+def _two_tables(model: nn.Module) -> bool:
+    """Whether the model's rotary module keeps a table per layer type (Gemma 3's local and global bases)."""
+    import inspect
+
+    return "layer_type" in inspect.signature(model.model.rotary_emb.forward).parameters
 
 
 def _native_embedding(embedding: nn.Module) -> bool:
@@ -259,8 +290,17 @@ class NativeCausalLM(nn.Module):
     @staticmethod
     def _build(module, reference: nn.Module):
         config, inner = _text_config(reference), reference.model
+        activation, one_plus, _ = FAMILIES[config.model_type]
         first = inner.layers[0].self_attn
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+        def norm(module_or_none) -> torch.Tensor | None:
+            """A norm's multiplier: w, or 1 + w where the family's norm scales by it (computed as its forward does)."""
+            if module_or_none is None:
+                return None
+            weight = module_or_none.weight.detach().float()
+            return (1.0 + weight if one_plus else weight).contiguous()
+
         table = module.no_linear()  # the embedding's rows come from its own module unless the native code reads them
         if _native_embedding(reference.get_input_embeddings()):
             embedding = reference.get_input_embeddings()
@@ -269,22 +309,27 @@ class NativeCausalLM(nn.Module):
             table = module.make_linear(*BlockWeight.from_stored(tensors, embedding.block_meta).kernel_arguments(None))
         native = module.Decoder(
             config.hidden_size, config.num_attention_heads, config.num_key_value_heads, head_dim,
-            config.intermediate_size, float(inner.norm.variance_epsilon), float(first.scaling),
-            inner.norm.weight.detach().float().contiguous(), table,
-            _linear(module, reference.get_output_embeddings()),
+            config.intermediate_size, float(getattr(inner.norm, "variance_epsilon", getattr(inner.norm, "eps", 1e-6))),
+            float(first.scaling), norm(inner.norm), table, _linear(module, reference.get_output_embeddings()),
+            activation,
         )  # fmt: skip
-        for layer in inner.layers:
+        types = getattr(config, "layer_types", None)
+        for index, layer in enumerate(inner.layers):
             attention, mlp = layer.self_attn, layer.mlp
-            q_norm, k_norm = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
+            gemma_style = hasattr(layer, "pre_feedforward_layernorm")
             native.add_layer(
                 [_linear(module, w) for w in _projections(attention, ("q_proj", "k_proj", "v_proj"))],
                 _linear(module, attention.o_proj),
                 [_linear(module, w) for w in _projections(mlp, ("gate_proj", "up_proj"))],
                 _linear(module, mlp.down_proj),
-                layer.input_layernorm.weight.detach().float().contiguous(),
-                layer.post_attention_layernorm.weight.detach().float().contiguous(),
-                None if q_norm is None else q_norm.weight.detach().float().contiguous(),
-                None if k_norm is None else k_norm.weight.detach().float().contiguous(),
+                norm(layer.input_layernorm),
+                norm(layer.post_attention_layernorm) if gemma_style else None,
+                norm(_mlp_norm(layer)),
+                norm(getattr(layer, "post_feedforward_layernorm", None)),
+                norm(getattr(attention, "q_norm", None)),
+                norm(getattr(attention, "k_norm", None)),
+                _window(reference, attention),
+                1 if _two_tables(reference) and types and types[index] == "sliding_attention" else 0,
             )
         return native
 
@@ -314,9 +359,15 @@ class NativeCausalLM(nn.Module):
         limit = getattr(_text_config(self), "max_position_embeddings", None) or end
         size = min(max(end, 2 * self._rotary_positions, 1024), max(limit, end))
         positions = torch.arange(size)[None]
+        rotary, dummy = self.reference.model.rotary_emb, torch.zeros(1, dtype=torch.float32)
         with torch.inference_mode():
-            cos, sin = self.reference.model.rotary_emb(torch.zeros(1, dtype=torch.float32), positions)
-        self._native.set_rotary(cos[0].float().contiguous(), sin[0].float().contiguous())
+            if _two_tables(self.reference):  # Gemma 3: full-attention and sliding layers rotate by different bases
+                for table, kind in enumerate(("full_attention", "sliding_attention")):
+                    cos, sin = rotary(dummy, positions, kind)
+                    self._native.set_rotary(table, cos[0].float().contiguous(), sin[0].float().contiguous())
+            else:
+                cos, sin = rotary(dummy, positions)
+                self._native.set_rotary(0, cos[0].float().contiguous(), sin[0].float().contiguous())
         self._rotary_positions = size
 
     def forward(

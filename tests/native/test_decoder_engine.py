@@ -1,7 +1,7 @@
 """The engine drives the native decoder unchanged (`engine.runner.CausalModel`): with prompt lookup, with a draft
 model (itself native), on both cache layouts and under static shapes, greedy output equals its plain decoding;
 batch rows with left padding equal the same prompts alone; every covered family (Llama, Mistral, Qwen2 biases,
-Qwen3 q/k norms) steps natively with verify = steps and the reference's greedy text."""
+Qwen3 q/k norms, Gemma 3's extra norms, GELU, scaled embedding and local rotary base; sliding windows) steps natively with verify = steps and the reference's greedy text."""
 
 from __future__ import annotations
 
@@ -60,15 +60,14 @@ def test_batch_rows_with_padding_equal_each_prompt_alone(models):
         assert torch.equal(result.sequences[row, 9:], expected), row
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"])
 def test_each_covered_family_steps_natively_and_exactly(arch):
     from architectures import build
 
     from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     backend = CPUBackend(BackendOptions(dtype="int4"))
-    full = {} if arch == "llama" else dict(sliding_window=None, use_sliding_window=False)
-    target = backend.prepare(build(arch, seed=0, **full), "target")
+    target = backend.prepare(build(arch, seed=0), "target")  # windows of 12 positions where the family has them
     native = NativeCausalLM(target)
     start, rows = torch.randint(3, 100, (2, 8), generator=torch.Generator().manual_seed(2)).split([1, 1])
     steps_cache, verify_cache = native.new_native_cache(), native.new_native_cache()
@@ -78,5 +77,5 @@ def test_each_covered_family_steps_natively_and_exactly(arch):
         steps = torch.cat([native(rows[:, i : i + 1], past_key_values=steps_cache).logits for i in range(6)], 1)
         verify = native(rows[:, :6], past_key_values=verify_cache).logits
     assert torch.equal(steps, verify)
-    expected = generate(target, start, max_new_tokens=30, backend=backend).sequences
+    expected = generate(target, start, max_new_tokens=30, backend=backend).sequences  # 38 positions: past the window
     assert torch.equal(generate(native, start, max_new_tokens=30, backend=backend).sequences, expected)

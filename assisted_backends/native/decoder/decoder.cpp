@@ -21,6 +21,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -106,9 +107,14 @@ struct Layer {
   Linear o;
   std::vector<Linear> gate_up;  // one fused [gate; up] or two
   Linear down;
-  at::Tensor input_norm, post_norm;  // [D]
-  OptTensor q_norm, k_norm;          // [Dh] (Qwen3)
+  at::Tensor input_norm, mlp_norm;       // [D]: before attention, before the MLP
+  OptTensor attention_out_norm, mlp_out_norm;  // [D]: on each block's output before the residual (Gemma 3)
+  OptTensor q_norm, k_norm;              // [Dh] (Qwen3, Gemma 3)
+  int64_t window = 0;                    // > 0: keys t > s − window only (sliding-window layers)
+  int64_t table = 0;                     // which rotary table (Gemma 3: 1 for sliding layers)
 };
+
+enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
 
 // ---- row ops: scalar and AVX2 bodies compute the same operations in the same order -------------------------
 
@@ -192,6 +198,26 @@ AB_AVX2 void silu_mul(const float* g, const float* u, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = (g[i] / (1.0f + exp_scalar(0.0f - g[i]))) * u[i];
 }
 
+// out = GELU_tanh(g) · u = 0.5 g (1 + tanh(√(2/π) (g + 0.044715 g³))) · u,  tanh(y) = 1 − 2 / (exp(2y) + 1)
+inline float gelu_tanh(float g) {
+  const float inner = 0.7978845608028654f * (g + 0.044715f * (g * (g * g)));
+  const float t = 1.0f - 2.0f / (exp_scalar(2.0f * inner) + 1.0f);
+  return (0.5f * g) * (1.0f + t);
+}
+
+AB_AVX2 void gelu_mul(const float* g, const float* u, int64_t n, float* out) {
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f), half = _mm256_set1_ps(0.5f);
+  const __m256 c = _mm256_set1_ps(0.7978845608028654f), a = _mm256_set1_ps(0.044715f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 inner = _mm256_mul_ps(c, _mm256_add_ps(gv, _mm256_mul_ps(a, _mm256_mul_ps(gv, _mm256_mul_ps(gv, gv)))));
+    const __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(exp_avx2(_mm256_mul_ps(two, inner)), one)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(half, gv), _mm256_add_ps(one, t)), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) out[i] = gelu_tanh(g[i]) * u[i];
+}
+
 AB_AVX2 void add_into(float* h, const float* x, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(h + i, _mm256_add_ps(_mm256_loadu_ps(h + i), _mm256_loadu_ps(x + i)));
@@ -219,10 +245,11 @@ void over_rows(int64_t rows, int64_t cost, const F& body) {
 class Decoder {
  public:
   Decoder(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
-          double scale, at::Tensor final_norm, Linear embedding, Linear head)
+          double scale, at::Tensor final_norm, Linear embedding, Linear head, int64_t activation)
       : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), intermediate_(intermediate),
         eps_(float(eps)), scale_(scale), final_norm_(final_norm.contiguous()), embedding_(std::move(embedding)),
-        head_(std::move(head)) {
+        head_(std::move(head)), activation_(activation) {
+    TORCH_CHECK(activation == kSilu || activation == kGeluTanh, "decoder: activation 0 (SiLU) or 1 (GELU tanh)");
     linear_.emplace(c10::Dispatcher::singleton().findSchemaOrThrow("assisted_backends::block_linear", "").typed<LinearFn>());
     attention_.emplace(
         c10::Dispatcher::singleton().findSchemaOrThrow("assisted_backends::row_attention", "").typed<AttentionFn>());
@@ -230,20 +257,28 @@ class Decoder {
   }
 
   void add_layer(std::vector<Linear> qkv, Linear o, std::vector<Linear> gate_up, Linear down, at::Tensor input_norm,
-                 at::Tensor post_norm, OptTensor q_norm, OptTensor k_norm) {
+                 OptTensor attention_out_norm, at::Tensor mlp_norm, OptTensor mlp_out_norm, OptTensor q_norm,
+                 OptTensor k_norm, int64_t window, int64_t table) {
     TORCH_CHECK(qkv.size() == 1 || qkv.size() == 3, "decoder: q/k/v as one fused matrix or three");
     TORCH_CHECK(gate_up.size() == 1 || gate_up.size() == 2, "decoder: gate/up as one fused matrix or two");
+    TORCH_CHECK(table == 0 || table == 1, "decoder: rotary table 0 or 1");
     layers_.push_back(Layer{std::move(qkv), std::move(o), std::move(gate_up), std::move(down), input_norm.contiguous(),
-                            post_norm.contiguous(), q_norm, k_norm});
+                            mlp_norm.contiguous(), attention_out_norm, mlp_out_norm, q_norm, k_norm, window, table});
   }
 
-  void set_rotary(at::Tensor cos, at::Tensor sin) {  // [P, Dh] each: positions 0..P-1
+  void set_rotary(int64_t table, at::Tensor cos, at::Tensor sin) {  // [P, Dh] each: positions 0..P-1
+    TORCH_CHECK(table == 0 || table == 1, "decoder: rotary table 0 or 1");
     TORCH_CHECK(cos.dim() == 2 && cos.size(1) == head_dim_ && sin.sizes() == cos.sizes(), "decoder: rotary tables");
-    cos_ = cos.to(at::kFloat).contiguous();
-    sin_ = sin.to(at::kFloat).contiguous();
+    cos_[table] = cos.to(at::kFloat).contiguous();
+    sin_[table] = sin.to(at::kFloat).contiguous();
   }
 
-  int64_t rotary_positions() const { return cos_.defined() ? cos_.size(0) : 0; }
+  int64_t rotary_positions() const {
+    int64_t least = cos_[0].defined() ? cos_[0].size(0) : 0;
+    for (const Layer& layer : layers_)
+      if (layer.table == 1) least = std::min<int64_t>(least, cos_[1].defined() ? cos_[1].size(0) : 0);
+    return least;
+  }
 
   // tokens, positions [B, M]; keys / values per layer [B, Hkv, C, Dh]; mask [B, 1, 1, C] bool or none;
   // embedded [B·M, D]: the rows' embeddings where the caller computed them (else the embedding table's rows).
@@ -286,11 +321,34 @@ class Decoder {
     at::Tensor act = at::empty({R, I}, at::kFloat);
     at::Tensor lengths = at::arange(start + 1, start + M + 1, at::kLong);
     float *xp = x.data_ptr<float>(), *qp = q.data_ptr<float>(), *ap = act.data_ptr<float>();
-    const float* cosp = cos_.data_ptr<float>();
-    const float* sinp = sin_.data_ptr<float>();
+    // sliding-window layers: the padding mask and, per row, keys t > s − window ([B, 1, M, C], once a step)
+    std::vector<OptTensor> window_masks(layers());
+    {
+      std::vector<std::pair<int64_t, OptTensor>> made;
+      for (int64_t l = 0; l < layers(); ++l) {
+        const int64_t window = layers_[l].window;
+        if (window <= 0) { window_masks[l] = mask; continue; }
+        auto found = std::find_if(made.begin(), made.end(), [&](const auto& e) { return e.first == window; });
+        if (found == made.end()) {
+          at::Tensor w = mask ? mask->to(at::kBool).expand({B, 1, M, capacity}).contiguous()
+                              : at::ones({B, 1, M, capacity}, at::kBool);
+          bool* wp = w.data_ptr<bool>();
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t m = 0; m < M; ++m) {
+              const int64_t first = std::max<int64_t>(0, start + m - window + 1);
+              std::fill(wp + (b * M + m) * capacity, wp + (b * M + m) * capacity + first, false);
+            }
+          made.emplace_back(window, w);
+          found = made.end() - 1;
+        }
+        window_masks[l] = found->second;
+      }
+    }
 
     for (int64_t l = 0; l < layers(); ++l) {
       const Layer& layer = layers_[l];
+      const float* cosp = cos_[layer.table].data_ptr<float>();
+      const float* sinp = sin_[layer.table].data_ptr<float>();
       norm_rows(hp, layer.input_norm.data_ptr<float>(), R, D, xp);
       // q, k, v: pointers and row strides into one fused output or three
       std::vector<at::Tensor> outs;
@@ -330,24 +388,27 @@ class Decoder {
       });
       outs.clear();
       const auto attention_began = Clock::now();
-      const at::Tensor attended = attention_->call(q, keys[l], values[l], mask, lengths, scale_, isa);  // [B, M, H, Dh]
+      const at::Tensor attended =
+          attention_->call(q, keys[l], values[l], window_masks[l], lengths, scale_, isa);  // [B, M, H, Dh]
       attention_ns_ += elapsed(attention_began);
-      add_rows(hp, run(layer.o, attended.view({R, H * Dh}), isa), R, D);
-      norm_rows(hp, layer.post_norm.data_ptr<float>(), R, D, xp);
-      if (layer.gate_up.size() == 1) {
-        const at::Tensor gu = run(layer.gate_up[0], x, isa);
-        const float* gp = gu.data_ptr<float>();
-        over_rows(R, I * 8, [&](int64_t r0, int64_t r1) {
-          for (int64_t r = r0; r < r1; ++r) silu_mul(gp + r * 2 * I, gp + r * 2 * I + I, I, ap + r * I);
-        });
-      } else {
-        const at::Tensor g = run(layer.gate_up[0], x, isa), u = run(layer.gate_up[1], x, isa);
-        const float *gp = g.data_ptr<float>(), *up = u.data_ptr<float>();
-        over_rows(R, I * 8, [&](int64_t r0, int64_t r1) {
-          for (int64_t r = r0; r < r1; ++r) silu_mul(gp + r * I, up + r * I, I, ap + r * I);
-        });
-      }
-      add_rows(hp, run(layer.down, act, isa), R, D);
+      add_block(hp, run(layer.o, attended.view({R, H * Dh}), isa), layer.attention_out_norm, R, D);
+      norm_rows(hp, layer.mlp_norm.data_ptr<float>(), R, D, xp);
+      const bool fused = layer.gate_up.size() == 1;
+      const at::Tensor g = run(layer.gate_up[0], x, isa);
+      const at::Tensor u = fused ? g : run(layer.gate_up[1], x, isa);
+      const float* gp = g.data_ptr<float>();
+      const float* up = fused ? gp + I : u.data_ptr<float>();
+      const int64_t stride = fused ? 2 * I : I;
+      over_rows(R, I * 8, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          if (activation_ == kSilu) {
+            silu_mul(gp + r * stride, up + r * stride, I, ap + r * I);
+          } else {
+            gelu_mul(gp + r * stride, up + r * stride, I, ap + r * I);
+          }
+        }
+      });
+      add_block(hp, run(layer.down, act, isa), layer.mlp_out_norm, R, D);
     }
     const int64_t kept = (keep <= 0 || keep > M) ? M : keep;
     at::Tensor last = at::empty({B * kept, D}, at::kFloat);
@@ -386,18 +447,24 @@ class Decoder {
     });
   }
 
-  static void add_rows(float* h, const at::Tensor& y, int64_t rows, int64_t d) {
-    const float* yp = y.data_ptr<float>();
-    over_rows(rows, d, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) add_into(h + r * d, yp + r * d, d);
+  // h += y, or h += RMSNorm(y; w) where the block's output has a norm of its own (Gemma 3)
+  void add_block(float* h, const at::Tensor& y, const OptTensor& norm, int64_t rows, int64_t d) const {
+    float* yp = y.data_ptr<float>();
+    const float* w = norm ? norm->data_ptr<float>() : nullptr;
+    over_rows(rows, d * 2, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        if (w) rms_norm(yp + r * d, w, d, eps_, yp + r * d);  // in place: the sum is taken before any write
+        add_into(h + r * d, yp + r * d, d);
+      }
     });
   }
 
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   float eps_;
   double scale_;
-  at::Tensor final_norm_, cos_, sin_;
+  at::Tensor final_norm_, cos_[2], sin_[2];
   Linear embedding_, head_;
+  int64_t activation_;
   std::vector<Layer> layers_;
   int64_t linear_ns_ = 0, attention_ns_ = 0, total_ns_ = 0, steps_ = 0;
   std::optional<c10::TypedOperatorHandle<LinearFn>> linear_;
@@ -422,7 +489,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("make_linear", &make_linear);
   m.def("no_linear", &no_linear);
   pybind11::class_<Decoder>(m, "Decoder")
-      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor, Linear, Linear>())
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor, Linear, Linear,
+                          int64_t>())
       .def("add_layer", &Decoder::add_layer)
       .def("set_rotary", &Decoder::set_rotary)
       .def("rotary_positions", &Decoder::rotary_positions)

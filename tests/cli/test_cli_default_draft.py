@@ -105,3 +105,14 @@ def test_missing_default_draft_gives_suffix_decoding_at_once_without_network(sav
                    "--assistant-early-exit", "hf download"):  # fmt: skip
         assert needle in note, note
     assert not connected, "the default draft must not be downloaded implicitly"
+
+
+def test_suffix_cache_flag_runs_and_refuses_a_second_drafter(target_gguf, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one two three\none two three\n")
+    code, out, err = run_main(capsys, "-m", str(target_gguf), "--suffix-cache", "--prompt-file", str(prompts),
+                              "--batch-size", "2", "--max-new-tokens", "6")  # fmt: skip
+    assert code == 0 and out.count("--- prompt") == 2, err
+    assert not _suffix_notes(err)  # asked for: no default to explain
+    code, _, err = run_main(capsys, "-m", str(target_gguf), "--suffix-cache", "--prompt-lookup", "3")
+    assert code == 2 and "choose one way of drafting, got --prompt-lookup and --suffix-cache" in err, err

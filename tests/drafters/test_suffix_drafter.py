@@ -154,3 +154,20 @@ def test_an_eagle_head_takes_suffix_matches_first(static_shapes):
                       num_assistant_tokens=3, static_shapes=static_shapes)  # fmt: skip
     assert torch.equal(result.sequences, expected)
     assert result.stats.drafter == "eagle3+suffix" and result.stats.accepted >= 12
+
+
+def test_enable_takes_a_suffix_cache_as_its_default():
+    import assisted_backends
+
+    target = tiny_model("llama", seed=0)
+    prompt = random_prompt(8, 1)
+    expected = reference_greedy(target, prompt, 16)
+    cache = SuffixCache()
+    assisted_backends.enable(target, suffix_cache=cache)
+    try:
+        for _ in range(2):
+            assert torch.equal(target.generate(prompt, max_new_tokens=16), expected)
+        assert target.generate.last_stats.drafter == "suffix" and target.generate.last_stats.accepted > 0
+    finally:
+        assisted_backends.disable(target)
+    assert cache.requests == 2

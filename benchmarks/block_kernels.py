@@ -159,6 +159,7 @@ def _loads() -> list[float]:
 
 def prefetch_main(args, status) -> None:
     """M = 1 passes at each prefetch distance, interleaved (per size, format, thread count)."""
+    previous = int(torch.ops.assisted_backends.block_prefetch(-1))
     results = []
     for size in args.sizes:
         for kind in args.formats:
@@ -180,7 +181,7 @@ def prefetch_main(args, status) -> None:
                 print(row, flush=True)
                 results.append(row)
             del cases
-    torch.ops.assisted_backends.block_prefetch(6144)
+    torch.ops.assisted_backends.block_prefetch(previous)
     payload = {"what": "M = 1 layer passes at several prefetch distances", "kernels": status.line(), "cpu": _cpu(),
                "load_average": _loads(), "results": results}  # fmt: skip
     write_result(

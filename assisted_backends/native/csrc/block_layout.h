@@ -35,23 +35,24 @@ struct Activations {
 
 // A format's shape as the tile sees it at compile time (no branch on the format inside the loop):
 // BITS stored, 16-column groups, per-group multiplier sc, zeros (dmin), per-group zero multiplier mn, and for
-// 4-bit codes whether v = q − offset needs the offset correction (a runtime value, e.g. 8 for Q4_0).
-template <int BITS_, bool G16_, bool SC_, bool MIN_, bool MN_, bool OFF_>
+// 4-bit codes whether v = q − offset needs the offset correction (a runtime value, e.g. 8 for Q4_0), and
+// whether every super-block is one group (sb = 1: one loop over the groups, the scale read with its group).
+template <int BITS_, bool G16_, bool SC_, bool MIN_, bool MN_, bool OFF_, bool SB1_ = false>
 struct Kind {
   static constexpr int BITS = BITS_;
-  static constexpr bool G16 = G16_, SC = SC_, MIN = MIN_, MN = MN_, OFF = OFF_;
+  static constexpr bool G16 = G16_, SC = SC_, MIN = MIN_, MN = MN_, OFF = OFF_, SB1 = SB1_;
   static constexpr int G = G16_ ? 16 : 32;
   static constexpr int64_t GROUP_BYTES = BITS_ == 4 ? 256 : G * kTile;
 };
 
 // The kinds, by index (kind_of in block_kernels.cpp picks one; a layout no real format makes runs on the
 // general kind of its bits and group, with absent fields filled by neutral ones: multiplier 1, zero 0).
-using KQ4_0 = Kind<4, false, false, false, false, true>;
-using KQ4_1 = Kind<4, false, false, true, false, false>;
+using KQ4_0 = Kind<4, false, false, false, false, true, true>;
+using KQ4_1 = Kind<4, false, false, true, false, false, true>;
 using KQ4_K = Kind<4, false, true, true, true, false>;
 using KG4 = Kind<4, false, true, true, true, true>;
-using KQ8_0 = Kind<8, false, false, false, false, false>;  // Q8_0, Q5_0
-using KQ5_1 = Kind<8, false, false, true, false, false>;
+using KQ8_0 = Kind<8, false, false, false, false, false, true>;  // Q8_0, Q5_0
+using KQ5_1 = Kind<8, false, false, true, false, false, true>;
 using KG8 = Kind<8, false, true, true, true, false>;  // Q5_K, and the general 8-bit kind
 using KQ6_K = Kind<8, true, true, false, false, false>;
 using KG8_16 = Kind<8, true, true, true, true, false>;

@@ -32,7 +32,8 @@ template <class K, int ROWS>
 AB_AVX512 void tile(const Weights& w, const Activations& a, int64_t t, int64_t m0, float* y) {
   constexpr int kChunks = K::BITS == 4 ? 8 : K::G / 4;  // dot products of 4 columns per group
   constexpr int64_t kGroupBytes = K::GROUP_BYTES;
-  const int64_t groups = w.groups, supers = w.supers, sb = w.sb, blocks = a.k / kBlock, pf = w.prefetch;
+  const int64_t groups = w.groups, supers = K::SB1 ? w.groups : w.supers, sb = K::SB1 ? 1 : w.sb;
+  const int64_t blocks = a.k / kBlock, pf = w.prefetch;
   const uint8_t* codes = w.codes + t * groups * kGroupBytes;
   const uint16_t* dp = w.d + t * supers * kTile;
   const uint16_t* mp = K::MIN ? w.dmin + t * supers * kTile : nullptr;

@@ -18,10 +18,11 @@ Per request the three methods run once each, their order rotating (a second suff
 own output in the cache): plain decoding, prompt lookup (`prompt_lookup_num_tokens=10`, the adaptive schedule), the
 suffix drafter (`suffix_cache=` one `SuffixCache` per workload). Speed-up = Σ plain seconds / Σ method seconds
 over the requests (all, and after the first `--warm` of them), whole requests (the prompt pass included, which no
-draft speeds up: BFCL's prompts are ~500 tokens for ~35-token answers) and decoding alone (`stats.decode_s`). The peer, where llama.cpp's tools are built
-(`benchmarks.harness.llama_cpp_tools`, never built here): `llama-lookup` with its dynamic n-gram cache (`-lcd`, one
-file per workload, updated by every request) against llama.cpp's plain `llama-completion`, both greedy with EOS
-ignored for the same number of tokens, on the same rendered prompts: its decode rate ratio.
+draft speeds up: BFCL's prompts are ~500 tokens for ~35-token answers) and decoding alone (`stats.decode_s`).
+The peer, where llama.cpp's tools are built (`benchmarks.harness.llama_cpp_tools`, never built here): `llama-lookup`
+with its dynamic n-gram cache (`-lcd`, one file per workload, updated by every request) against llama.cpp's plain
+`llama-completion`, both greedy with EOS ignored for the same number of tokens, on the same rendered prompts: its
+decode rate ratio.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _package_data(module: str, relative: str) -> Path:
 
 def _call(item: dict, answer: dict) -> str:
     """BFCL's ground truth as the JSON call an agent framework expects (each parameter's first accepted value)."""
-    (name, arguments), = answer["ground_truth"][0].items()
+    ((name, arguments),) = answer["ground_truth"][0].items()
     return json.dumps({"name": name, "arguments": {k: v[0] for k, v in arguments.items() if v and v[0] != ""}})
 
 
@@ -129,7 +130,7 @@ def _peer_tools() -> dict | None:
 
 def peer_request(tools: dict, gguf: Path, text: str, new_tokens: int, dynamic: Path, threads: int) -> dict:
     """llama-lookup with the workload's dynamic n-gram cache, and plain llama-completion, on `text`."""
-    from benchmarks.harness.llama_cpp_tools import lookup_command, parse_completion, parse_lookup, _run
+    from benchmarks.harness.llama_cpp_tools import _run, lookup_command, parse_completion, parse_lookup
 
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write(text)
@@ -292,8 +293,9 @@ def main() -> None:
         "target": args.target,
         "precision": "the .gguf's own quantization on the package's kernels",
         "threads": args.threads,
-        "peer": "llama-lookup -lcd (dynamic n-gram cache) vs llama-completion" if peer else
-                "skipped: llama.cpp's tools are not built here (benchmarks.harness.llama_cpp_tools)",  # fmt: skip
+        "peer": "llama-lookup -lcd (dynamic n-gram cache) vs llama-completion"
+        if peer
+        else "skipped: llama.cpp's tools are not built here (benchmarks.harness.llama_cpp_tools)",  # fmt: skip
         "workloads": {},
     }
     for name in args.workloads:

@@ -58,8 +58,11 @@ def check_drafting(given: Mapping[str, Any]) -> None:
     """At most one way of drafting among `given` (option -> value, None: not given); counts in range."""
     chosen = [name for name in DRAFTING_OPTIONS if given.get(name) not in (None, False)]
     free = {"prompt_lookup_num_tokens", "suffix_cache"}  # draft-free sources an EAGLE-3 head can put first
-    if len(chosen) == 2 and "assistant_model" in chosen and free & set(chosen) and getattr(
-        given["assistant_model"], "takes_prompt_lookup", False
+    if (
+        len(chosen) == 2
+        and "assistant_model" in chosen
+        and free & set(chosen)
+        and getattr(given["assistant_model"], "takes_prompt_lookup", False)
     ):
         chosen = ["assistant_model"]  # an EAGLE-3 head: a lookup (or suffix) match when there is one, else the head
     if len(chosen) == 2 and "suffix_cache" in chosen:

@@ -21,7 +21,7 @@ def _commands(path: Path) -> list[list[str]]:
     found = []
     for line in path.read_text(encoding="utf-8").splitlines():
         line = line.lstrip("# ").strip()
-        if re.search(r"(^|\s)assisted-serve(\s|$)", line) and not line.startswith(("`", "|")):
+        if re.search(r"(^|\s)assisted-serve(\s|$)", line) and not line.startswith(("`", "|", "<!--")):
             words = shlex.split(line, comments=True)
             at = words.index("assisted-serve")
             entrypoint = at > 0 and words[at - 1] == "--entrypoint"  # docker run --entrypoint assisted-serve IMAGE ...

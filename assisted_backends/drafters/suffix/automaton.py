@@ -12,8 +12,9 @@ any later request. Two counters ride on it:
 - `latest[v]` (when `positions` is on, for the current request's own tokens): an end position of v's strings
   before the newest one, the most recent the bounded walk saw; the continuation is read from the tokens after it.
 
-Storage is flat `array`s of 4-byte ints per state, a state's single outgoing transition inline and a dict only
-for states that branch, so the index's bytes (`nbytes`) are about 60-150 per token indexed.
+Storage is flat `array`s of 4-byte ints: per state its first transition inline and a list of its further ones in a
+shared edge pool, a dict only for the few states with more than `WIDE` transitions (the root, frequent contexts),
+so the index's bytes (`nbytes`) are about 40-60 per token indexed.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from __future__ import annotations
 import sys
 from array import array
 
-NONE = -1  # no transition
-MANY = -2  # transitions in `self.branches[v]`
+NONE = -1  # no transition (inline edge) / end of an edge list
+DICT = -2  # `more_head` of a state whose further transitions sit in `self.wide[state]`
+WIDE = 8  # a state with more transitions than this keeps them in a dict (the root, frequent contexts)
 LATEST_WALK = 64  # suffix-link steps `latest` is refreshed along per token (older ends stay valid, only older)
 
 
@@ -34,9 +36,13 @@ class SuffixAutomaton:
         self.link = array("i", [-1])
         self.count = array("i", [0])
         self.stamp = array("i", [-1])  # the last sequence that counted this state
-        self.edge_token = array("i", [NONE])
+        self.edge_token = array("i", [NONE])  # each state's first transition, inline
         self.edge_target = array("i", [0])
-        self.branches: dict[int, dict[int, int]] = {}
+        self.more_head = array("i", [NONE])  # its further transitions: an edge list, or DICT
+        self.more_token = array("i")  # the edge lists' pool: token, target, next edge
+        self.more_target = array("i")
+        self.more_next = array("i")
+        self.wide: dict[int, dict[int, int]] = {}
         self.positions = positions
         self.latest = array("i", [-1]) if positions else None
         self.tokens = array("i") if positions else None  # the one sequence's tokens (positions mode)
@@ -49,31 +55,56 @@ class SuffixAutomaton:
     # transitions ------------------------------------------------------------------------------------------------
     def step(self, state: int, token: int) -> int:
         """δ(state, token), or -1."""
-        edge = self.edge_token[state]
-        if edge == token:
+        if self.edge_token[state] == token:
             return self.edge_target[state]
-        if edge == MANY:
-            return self.branches[state].get(token, -1)
+        edge = self.more_head[state]
+        if edge == DICT:
+            return self.wide[state].get(token, -1)
+        while edge >= 0:
+            if self.more_token[edge] == token:
+                return self.more_target[edge]
+            edge = self.more_next[edge]
         return -1
 
     def children(self, state: int) -> list[tuple[int, int]]:
         """[(token, next state)] of every transition out of `state`."""
-        edge = self.edge_token[state]
-        if edge == NONE:
+        if self.edge_token[state] == NONE:
             return []
-        if edge == MANY:
-            return list(self.branches[state].items())
-        return [(edge, self.edge_target[state])]
+        found = [(self.edge_token[state], self.edge_target[state])]
+        edge = self.more_head[state]
+        if edge == DICT:
+            return found + list(self.wide[state].items())
+        while edge >= 0:
+            found.append((self.more_token[edge], self.more_target[edge]))
+            edge = self.more_next[edge]
+        return found
 
     def _set(self, state: int, token: int, target: int) -> None:
-        edge = self.edge_token[state]
-        if edge == NONE or edge == token:
+        first = self.edge_token[state]
+        if first == NONE or first == token:
             self.edge_token[state], self.edge_target[state] = token, target
-        elif edge == MANY:
-            self.branches[state][token] = target
-        else:
-            self.branches[state] = {edge: self.edge_target[state], token: target}
-            self.edge_token[state] = MANY
+            return
+        edge = self.more_head[state]
+        if edge == DICT:
+            self.wide[state][token] = target
+            return
+        degree = 1
+        while edge >= 0:
+            if self.more_token[edge] == token:
+                self.more_target[edge] = target
+                return
+            degree += 1
+            edge = self.more_next[edge]
+        if degree >= WIDE:  # the list's edges stay in the pool, unused (a state widens once)
+            wide = dict(self.children(state)[1:])
+            wide[token] = target
+            self.wide[state] = wide
+            self.more_head[state] = DICT
+            return
+        self.more_token.append(token)
+        self.more_target.append(target)
+        self.more_next.append(self.more_head[state])
+        self.more_head[state] = len(self.more_token) - 1
 
     def _new_state(self, length: int, link: int, count: int, stamp: int, latest: int) -> int:
         self.length.append(length)
@@ -82,6 +113,7 @@ class SuffixAutomaton:
         self.stamp.append(stamp)
         self.edge_token.append(NONE)
         self.edge_target.append(0)
+        self.more_head.append(NONE)
         if self.latest is not None:
             self.latest.append(latest)
         return len(self.length) - 1
@@ -94,9 +126,8 @@ class SuffixAutomaton:
             self.stamp[source],
             self.latest[source] if self.latest is not None else -1,
         )
-        self.edge_token[clone], self.edge_target[clone] = self.edge_token[source], self.edge_target[source]
-        if self.edge_token[source] == MANY:
-            self.branches[clone] = dict(self.branches[source])
+        for token, target in self.children(source):
+            self._set(clone, token, target)
         return clone
 
     # building ---------------------------------------------------------------------------------------------------
@@ -212,10 +243,11 @@ class SuffixAutomaton:
 
     def nbytes(self) -> int:
         """Bytes held: the arrays' buffers and the branching dicts (their keys and values counted as ints)."""
-        arrays = [self.length, self.link, self.count, self.stamp, self.edge_token, self.edge_target]
+        arrays = [self.length, self.link, self.count, self.stamp, self.edge_token, self.edge_target, self.more_head]
+        arrays += [self.more_token, self.more_target, self.more_next]
         arrays += [a for a in (self.latest, self.tokens) if a is not None]
         total = sum(a.buffer_info()[1] * a.itemsize for a in arrays)
         int_size = sys.getsizeof(1 << 20)
-        for branch in self.branches.values():
+        for branch in self.wide.values():
             total += sys.getsizeof(branch) + 2 * int_size * len(branch)
         return total

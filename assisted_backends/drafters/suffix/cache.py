@@ -24,7 +24,7 @@ from assisted_backends.drafters.suffix.automaton import SuffixAutomaton
 from assisted_backends.options.errors import OptionTypeError
 from assisted_backends.options.fields import SUFFIX_CACHE_VALUES
 
-DEFAULT_MAX_TOKENS = 1 << 18  # 262k tokens of requests (~40 MB of index at ~160 bytes per token)
+DEFAULT_MAX_TOKENS = 1 << 20  # ~1M tokens of requests (~60 MB of index at the measured ~59 bytes per token)
 DEFAULT_SEGMENT_TOKENS = 1 << 17
 MATCH_WINDOW = 32  # the context tokens a match is searched in (the longest match counted)
 

@@ -147,3 +147,15 @@ def test_suffix_cache_values_are_checked():
         cache_for(5, model)
     with pytest.raises(ValueError, match="max_tokens"):
         SuffixCache(max_tokens=0)
+
+
+def test_rows_follow_moves_and_a_row_kept_twice_gets_its_own_state():
+    from assisted_backends.engine.realign import RowMove
+
+    drafter = SuffixDrafter(32, None)
+    buffer = TokenBuffer(torch.tensor([[1, 2, 3], [4, 5, 6]]), 8, 0, [0, 0], 0)
+    drafter.prefill(buffer)
+    first, second = drafter.rows
+    drafter.move_rows(RowMove(None, torch.zeros(3, dtype=torch.long), (0, 0, 0), (1, 0, 0)), buffer)
+    assert drafter.rows[0] is second and drafter.rows[1] is first
+    assert drafter.rows[2] is not first and drafter.rows[2].seen == 0  # a queue's grown slot: fresh

@@ -93,7 +93,13 @@ class SuffixDrafter(Drafter):
         return None  # only committed tokens are ever indexed
 
     def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
-        self.rows = [self.rows[b] for b in move.kept]
+        """Follow the kept rows; a row kept twice (a live queue's batch growing by copies of row 0) gets a state of
+        its own, which the prompt joining there replaces (`insert_row`)."""
+        kept, seen = [], set()
+        for b in move.kept:
+            kept.append(self.rows[b] if b not in seen else _Row())
+            seen.add(b)
+        self.rows = kept
 
     def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
         self.rows[position] = _Row()  # its prompt is read at the next proposal, with its first token

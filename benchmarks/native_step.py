@@ -1,7 +1,8 @@
-"""SmolLM2-135M's `.gguf` step on the native decoder (`quantized.native_decoder`) against today's path
+"""SmolLM2-135M's (or Gemma 3 270M's) `.gguf` step on the native decoder (`quantized.native_decoder`) against today's path
 (transformers' modeling on the same kernels, batch-invariant attention) and llama.cpp's own llama-bench.
 
-    python -m benchmarks.native_step [--threads 1 2] [--repeats 7] [--tokens 32] [--no-llama-bench]
+    python -m benchmarks.native_step [--model smollm2-135m-instruct] [--threads 1 2] [--repeats 7] [--tokens 32]
+                                     [--no-llama-bench] [--output native_step]
 
 Per thread count, interleaved medians: decode tokens/s (32 greedy steps after a 64-token prompt, the cache cut
 back after each timed call), a verify pass over 5 and 8 rows in decode steps, prefill of a 128-token prompt in
@@ -107,6 +108,8 @@ def _llama_bench(path, threads: list[int]) -> dict | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="a real model (smollm2-135m-instruct, "
+                        "gemma-3-270m)")  # fmt: skip
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=32)
@@ -122,7 +125,7 @@ def main() -> None:
     from assisted_backends.quantized.model import load_gguf_quantized
     from assisted_backends.quantized.native_decoder import NativeCausalLM
 
-    path = ensure_real_gguf("smollm2-135m-instruct")
+    path = ensure_real_gguf(arguments.model)
     reference = load_gguf_quantized(path, tokenizer=False).model
     invariant_attention.enable(reference)
     native = NativeCausalLM(reference)

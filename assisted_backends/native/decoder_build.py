@@ -38,7 +38,10 @@ def switched_off() -> str:
 
 
 def build_key() -> str:
-    digest = hashlib.sha256((" ".join(_FLAGS) + SOURCE.read_text()).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(" ".join(_FLAGS).encode())
+    for path in sorted(SOURCE.parent.iterdir()):  # decoder.cpp and the headers it includes
+        digest.update(path.name.encode() + path.read_bytes())
+    digest = digest.hexdigest()[:12]
     return f"{digest}-torch{torch.__version__}".replace("+", "_").replace("/", "_")
 
 

@@ -1,4 +1,4 @@
-"""SmolLM2's real `.gguf` on the native decoder (`quantized.native_decoder`): a verify pass equals the one-token
+"""SmolLM2's and Gemma 3 270M's real `.gguf` files on the native decoder (`quantized.native_decoder`): a verify pass equals the one-token
 steps bit for bit, every drafter gives the plain greedy output, and greedy text equals transformers' modeling on
 the same kernels over a few hundred tokens of real prompts; where it departs, the test names the first divergence
 and the reference's top-2 margin there (a near-tie, or a fault).
@@ -35,9 +35,9 @@ PROMPTS = (
 NEW = 300
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    loaded = load_gguf_quantized(real_model_gguf("smollm2-135m-instruct"))
+@pytest.fixture(scope="module", params=["smollm2-135m-instruct", "gemma-3-270m"])
+def real_model(request):
+    loaded = load_gguf_quantized(real_model_gguf(request.param))
     reference = loaded.model
     invariant_attention.enable(reference)
     why = why_unavailable(reference)
@@ -56,10 +56,10 @@ def _divergence(reference, native, expected: torch.Tensor, produced: torch.Tenso
     return column - start, float(top[0] - top[1]), float((ours - theirs).abs().max())
 
 
-def test_greedy_text_equals_transformers_modeling_up_to_near_ties(smollm2):
+def test_greedy_text_equals_transformers_modeling_up_to_near_ties(real_model):
     """Equal text, or a departure at a near-tie: the reference's top-2 margin there is within twice the two paths'
     logit difference there (each of the two logits may move by it). The departures are printed (pytest -s)."""
-    reference, native, tokenizer = smollm2
+    reference, native, tokenizer = real_model
     backend = CPUBackend(BackendOptions())
     for text in PROMPTS:
         ids = tokenizer(text, return_tensors="pt")["input_ids"]
@@ -74,8 +74,8 @@ def test_greedy_text_equals_transformers_modeling_up_to_near_ties(smollm2):
         assert margin <= 2 * difference, (text, index, margin, difference)
 
 
-def test_a_verify_pass_computes_the_steps_logits_bit_for_bit(smollm2):
-    _, native, tokenizer = smollm2
+def test_a_verify_pass_computes_the_steps_logits_bit_for_bit(real_model):
+    _, native, tokenizer = real_model
     ids = tokenizer(PROMPTS[0], return_tensors="pt")["input_ids"]
     for threads in (1, 2):
         torch.set_num_threads(threads)
@@ -91,8 +91,8 @@ def test_a_verify_pass_computes_the_steps_logits_bit_for_bit(smollm2):
     torch.set_num_threads(1)
 
 
-def test_every_drafter_gives_the_plain_greedy_output(smollm2):
-    _, native, tokenizer = smollm2
+def test_every_drafter_gives_the_plain_greedy_output(real_model):
+    _, native, tokenizer = real_model
     backend = CPUBackend(BackendOptions())
     ids = tokenizer(PROMPTS[1] + "    if n < 2:\n        return n\n", return_tensors="pt")["input_ids"]
     plain = generate(native, ids, max_new_tokens=80, backend=backend).sequences

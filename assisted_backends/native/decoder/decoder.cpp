@@ -7,19 +7,22 @@
 //     q,k,v = x W_qkvᵀ (+ b)                                        block_linear (one fused call or three)
 //     q,k   = RMSNorm per head (Qwen3) ; rotary(p)                  q·cos + rotate_half(q)·sin, no FMA
 //     K[l, b, :, s0 + m] = k ; V[...] = v                           the row's own preallocated cache
-//     a     = Σ_t softmax_t(q · K_t · scale) V_t                    row_attention: keys t < s0 + m + 1, t ascending
+//     a     = Σ_t softmax_t(q · K_t · scale) V_t                    attention.h: keys t < s0 + m + 1, t ascending
 //     h     = h + a W_oᵀ
 //     x     = RMSNorm(h; w_post)
 //     h     = h + (SiLU(x W_gᵀ) · x W_uᵀ) W_dᵀ                      SiLU(g) = g / (1 + exp(−g)), one polynomial exp
 //   logits  = RMSNorm(h; w_final) W_headᵀ                           for the last `keep` rows of each b only
 // Every op computes a row alone in one fixed order of fp32 operations (built with -ffp-contract=off), and the
-// kernels (block_linear, row_attention, reached through the dispatcher) are batch-invariant, so a verify pass
-// over M rows returns, row by row, what M one-token steps return. The kernels run their own parallel regions;
-// the ops between them are a few KB a row, done serially for a step and over rows for a long prefill.
+// linear kernel (block_linear, reached through the dispatcher) is batch-invariant, so a verify pass over M rows
+// returns, row by row, what M one-token steps return. The kernel runs its own threads; attention (attention.h,
+// the row-attention kernel's arithmetic on the cache in place) and the ops between are a few KB a row, done on the
+// calling thread for a step or a verify pass and in parallel over rows only for a long prefill.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <immintrin.h>
+
+#include "attention.h"
 
 #include <algorithm>
 #include <chrono>
@@ -35,8 +38,6 @@ using OptTensor = std::optional<at::Tensor>;
 using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
                             const OptTensor&, const OptTensor&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                             int64_t);
-using AttentionFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
-                               const at::Tensor&, double, int64_t);
 
 constexpr int kTile = 16;
 
@@ -231,10 +232,11 @@ inline void rotate(const float* x, const float* cos, const float* sin, int64_t d
   for (int64_t i = half; i < d; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
-// Rows [begin, end) of work that costs `cost` a row: serial below ~32 KB of row work (a step, a verify pass).
+// Rows [begin, end) of work that costs `cost` a row: serial below ~1 M operations (a step, a verify pass, a short
+// prefill: a fork-join region on a busy core costs a timeslice), in parallel over rows above.
 template <typename F>
 void over_rows(int64_t rows, int64_t cost, const F& body) {
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, cost));
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, cost));
   if (rows <= grain) {
     body(0, rows);
   } else {
@@ -251,8 +253,6 @@ class Decoder {
         head_(std::move(head)), activation_(activation) {
     TORCH_CHECK(activation == kSilu || activation == kGeluTanh, "decoder: activation 0 (SiLU) or 1 (GELU tanh)");
     linear_.emplace(c10::Dispatcher::singleton().findSchemaOrThrow("assisted_backends::block_linear", "").typed<LinearFn>());
-    attention_.emplace(
-        c10::Dispatcher::singleton().findSchemaOrThrow("assisted_backends::row_attention", "").typed<AttentionFn>());
     TORCH_CHECK(head_dim % 2 == 0, "decoder: head_dim must be even");
   }
 
@@ -319,32 +319,16 @@ class Decoder {
     at::Tensor x = at::empty({R, D}, at::kFloat);
     at::Tensor q = at::empty({B, H, M, Dh}, at::kFloat);
     at::Tensor act = at::empty({R, I}, at::kFloat);
-    at::Tensor lengths = at::arange(start + 1, start + M + 1, at::kLong);
     float *xp = x.data_ptr<float>(), *qp = q.data_ptr<float>(), *ap = act.data_ptr<float>();
-    // sliding-window layers: the padding mask and, per row, keys t > s − window ([B, 1, M, C], once a step)
-    std::vector<OptTensor> window_masks(layers());
-    {
-      std::vector<std::pair<int64_t, OptTensor>> made;
-      for (int64_t l = 0; l < layers(); ++l) {
-        const int64_t window = layers_[l].window;
-        if (window <= 0) { window_masks[l] = mask; continue; }
-        auto found = std::find_if(made.begin(), made.end(), [&](const auto& e) { return e.first == window; });
-        if (found == made.end()) {
-          at::Tensor w = mask ? mask->to(at::kBool).expand({B, 1, M, capacity}).contiguous()
-                              : at::ones({B, 1, M, capacity}, at::kBool);
-          bool* wp = w.data_ptr<bool>();
-          for (int64_t b = 0; b < B; ++b)
-            for (int64_t m = 0; m < M; ++m) {
-              const int64_t first = std::max<int64_t>(0, start + m - window + 1);
-              std::fill(wp + (b * M + m) * capacity, wp + (b * M + m) * capacity + first, false);
-            }
-          made.emplace_back(window, w);
-          found = made.end() - 1;
-        }
-        window_masks[l] = found->second;
-      }
+    // the columns each batch row may attend ([B, C], padding), where the caller masks any
+    at::Tensor allowed;
+    if (mask) {
+      TORCH_CHECK(mask->numel() == B * capacity, "decoder: the mask must be [B, 1, 1, C]");
+      allowed = mask->to(at::kBool).contiguous();
     }
-
+    const bool* allowed_p = allowed.defined() ? allowed.data_ptr<bool>() : nullptr;
+    at::Tensor attended = at::empty({R, H * Dh}, at::kFloat);
+    const bool vector = isa != 0 && Dh % 8 == 0;
     for (int64_t l = 0; l < layers(); ++l) {
       const Layer& layer = layers_[l];
       const float* cosp = cos_[layer.table].data_ptr<float>();
@@ -388,10 +372,10 @@ class Decoder {
       });
       outs.clear();
       const auto attention_began = Clock::now();
-      const at::Tensor attended =
-          attention_->call(q, keys[l], values[l], window_masks[l], lengths, scale_, isa);  // [B, M, H, Dh]
+      native_attention::attend(qp, kc, vc, attended.data_ptr<float>(), B, H, Hkv, M, Dh, capacity, start, layer.window,
+                               allowed_p, float(scale_), vector);  // [B, M, H, Dh]
       attention_ns_ += elapsed(attention_began);
-      add_block(hp, run(layer.o, attended.view({R, H * Dh}), isa), layer.attention_out_norm, R, D);
+      add_block(hp, run(layer.o, attended, isa), layer.attention_out_norm, R, D);
       norm_rows(hp, layer.mlp_norm.data_ptr<float>(), R, D, xp);
       const bool fused = layer.gate_up.size() == 1;
       const at::Tensor g = run(layer.gate_up[0], x, isa);
@@ -468,7 +452,6 @@ class Decoder {
   std::vector<Layer> layers_;
   int64_t linear_ns_ = 0, attention_ns_ = 0, total_ns_ = 0, steps_ = 0;
   std::optional<c10::TypedOperatorHandle<LinearFn>> linear_;
-  std::optional<c10::TypedOperatorHandle<AttentionFn>> attention_;
 };
 
 Linear no_linear() { return Linear(); }

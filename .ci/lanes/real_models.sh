@@ -2,7 +2,9 @@
 # Real-model lane: SmolLM2-135M-Instruct and Gemma 3 270M from their PyPI wheels (GGUF inside), converted
 # once by transformers' GGUF support and cached under ~/.cache/assisted_backends (or
 # $ASSISTED_BACKENDS_CACHE); then greedy identity against model.generate on real text, seeded sampling,
-# and the CLI on a .gguf file. With ASSISTED_BACKENDS_REAL_MODELS=1 the tests fail instead of skipping.
+# and the CLI on a .gguf file; the native decoder step on both files (tests/real_models/test_real_native_decoder.py:
+# verify = steps, drafters = plain, greedy text against transformers' modeling with the first divergence and its
+# margin). With ASSISTED_BACKENDS_REAL_MODELS=1 the tests fail instead of skipping.
 #   .ci/lanes/real_models.sh [pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/../.."

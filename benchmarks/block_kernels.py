@@ -15,6 +15,11 @@ Weights are random bytes with sane fp16 scales: speed does not depend on the val
 M = 1 pass at each prefetch distance (bytes ahead in the code stream, `block_prefetch`), interleaved: the
 distance to keep on this machine. The CPU's model name and instruction-set flags are recorded with the figures.
 
+`--cpu-clock` (one thread only) times every case by the calling thread's CPU time (`time.thread_time`), the read
+bandwidth too: on a machine shared with other work, the time the scheduler gave the thread to someone else is
+left out, so the fractions stay readable where wall-clock ones do not (memory traffic of the neighbours still
+counts).
+
 `--decode`: whole models instead of layers. For each size, the random Q4_0 file of `benchmarks.gguf_scaling`
 (written on first use) decoded greedily by this package (`--new-tokens` tokens after a 16-token prompt, EOS
 ignored) and by llama.cpp's `llama-bench` (tg`--new-tokens` from an empty context, one repetition a run; built by
@@ -104,6 +109,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-aten", action="store_true", help="leave PyTorch's int4 kernel out")
     parser.add_argument("--prefetch", nargs="*", type=int, default=[], help="prefetch distances (bytes) to compare")
+    parser.add_argument("--cpu-clock", action="store_true", help="time by the thread's CPU time (1 thread only)")
     parser.add_argument("--decode", action="store_true", help="whole models against llama-bench (module docstring)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--out", default=None)
@@ -121,8 +127,14 @@ def main() -> None:
             cases, sizes = cases_for(size, kind, with_aten=not args.no_aten and kind == "Q4_0")
             for threads in args.threads:
                 torch.set_num_threads(threads)
-                bandwidth = read_bandwidth_gbs()
-                timings = interleaved(cases, args.repeats, warmup=1)
+                if args.cpu_clock:
+                    if threads != 1:
+                        raise SystemExit("--cpu-clock times one thread: pass --threads 1")
+                    bandwidth = _cpu_read_bandwidth_gbs()
+                    timings = _cpu_timed(cases, args.repeats)
+                else:
+                    bandwidth = read_bandwidth_gbs()
+                    timings = interleaved(cases, args.repeats, warmup=1)
                 medians = timings.medians()
                 row = {"size": size, "format": kind, "threads": threads, "read_bandwidth_gbs": round(bandwidth, 1)}
                 for variant, nbytes in sizes.items():
@@ -142,8 +154,35 @@ def main() -> None:
             del cases
     loads = [float(x) for x in open("/proc/loadavg").read().split()[:3]]
     payload = {"what": __doc__.split("\n\n")[0].replace("\n", " "), "kernels": status.line(), "cpu": _cpu(),
+               "clock": "thread CPU time" if args.cpu_clock else "wall",
                "load_average": loads, "results": results}  # fmt: skip
     write_result("block_kernels", command_line("block_kernels"), payload, args.out or RESULTS / "block_kernels.json")
+
+
+def _cpu_timed(cases: dict, repeats: int):
+    """`interleaved`'s rounds, each call timed by the calling thread's CPU seconds."""
+    from benchmarks.harness.timing import Timings
+
+    timings = Timings({name: [] for name in cases}, {name: [] for name in cases})
+    for case in cases.values():  # warm-up
+        case()
+    for _ in range(repeats):
+        for name, case in cases.items():
+            began = time.thread_time()
+            case()
+            timings.seconds[name].append(time.thread_time() - began)
+    return timings
+
+
+def _cpu_read_bandwidth_gbs(gib: float = 1.0, repeats: int = 3) -> float:
+    data = torch.ones(int(gib * (1 << 30)) // 4, dtype=torch.float32)
+    data.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.thread_time()
+        data.sum()
+        best = min(best, time.thread_time() - began)
+    return data.numel() * 4 / best / 1e9
 
 
 def _cpu() -> dict:
@@ -172,10 +211,12 @@ def prefetch_main(args, status) -> None:
             variants = {f"prefetch_{d}": at(d) for d in args.prefetch}
             for threads in args.threads:
                 torch.set_num_threads(threads)
-                timings = interleaved(variants, args.repeats, warmup=1)
+                timed = args.cpu_clock and threads == 1
+                timings = _cpu_timed(variants, args.repeats) if timed else interleaved(variants, args.repeats, warmup=1)
                 medians = timings.medians()
                 best = min(medians, key=medians.get)
                 row = {"size": size, "format": kind, "threads": threads, "load_before": _loads(),
+                       "clock": "thread CPU time" if timed else "wall",
                        "m1_gbs": {name: round(sizes["blocks"] / t / 1e9, 1) for name, t in medians.items()},
                        "best": best}  # fmt: skip
                 print(row, flush=True)

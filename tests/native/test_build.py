@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import textwrap
 
 import pytest
 
@@ -91,13 +92,30 @@ def test_a_clang_without_openmp_is_refused_by_name(tmp_path, monkeypatch):
     assert why.startswith(f"{fake} (Debian clang version 14.0.6) has no OpenMP runtime") and "CXX=g++" in why
 
 
+@pytest.mark.slow  # a full build of the kernels with clang (2-4 minutes on 2 cores)
 @pytest.mark.skipif(not extension.compiler_identity("clang++"), reason="no clang++ here")
-def test_clang_builds_the_kernels_or_is_refused_by_name(tmp_path):
+def test_clang_builds_the_kernels_and_they_give_the_same_bits(tmp_path):
     import subprocess
 
-    script = "from assisted_backends.native import extension; print(extension.status().line())"
+    if extension._compiler_refusal("clang++"):
+        pytest.skip(extension._compiler_refusal("clang++"))  # refused by name: the case above
+    script = textwrap.dedent(
+        """
+        import torch
+        from assisted_backends.native import extension
+        from assisted_backends.quantized import blocks
+        print("STATUS", extension.status().line())
+        weight = blocks.from_float(torch.randn(80, 256, generator=torch.Generator().manual_seed(0)), 4)
+        x = torch.randn(9, 256, generator=torch.Generator().manual_seed(1))
+        for isa in extension.runnable_isas():
+            same = torch.equal(weight.matmul(x, extension.ISA_NAMES.index(isa)), blocks.reference_linear(weight, x))
+            print("SAME", isa, same)
+        """
+    )
     env = {**os.environ, "CXX": "clang++", "ASSISTED_BACKENDS_CACHE": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-2000:]
-    line = done.stdout.strip()
-    assert "the package's block kernels" in line or "clang" in line, line
+    lines = done.stdout.splitlines()
+    assert "the package's block kernels" in lines[0], lines[0]
+    same = [line for line in lines if line.startswith("SAME")]
+    assert same and all(line.endswith("True") for line in same), same

@@ -235,7 +235,8 @@ def _native_embedding(embedding: nn.Module) -> bool:
 
 def why_unavailable(model: nn.Module) -> str | None:
     """Why this run keeps transformers' modeling for `model` (the switch, the build, or coverage); None: native."""
-    return decoder_build.why_unavailable() or why_not_native(model)
+    # the switch and the coverage first: an uncovered model never waits for the decoder's build
+    return decoder_build.switched_off() or why_not_native(model) or decoder_build.why_unavailable() or None
 
 
 def _linear(module, layer: QuantizedLinear):

@@ -209,11 +209,18 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print(f"{server:13s} spec={'on ' if speculate else 'off'}: answers identical across concurrency: {same}"
                   f"{'' if same else f' (changed: prompts {changed})'}", flush=True)  # fmt: skip
-    write_result("serve", command_line("serve"), {
-        "model": f"{MODEL} ({gguf.name})", "prompts": args.prompts, "max_tokens": args.max_tokens,
-        "threads": args.threads, "slots": args.slots, "prompt_set": "ShareGPT V3 held-out first user turns (<= 256 "
-        "tokens)", "configurations": configurations,
-    }, Path(args.out) if args.out else None)  # fmt: skip
+    native = os.environ.get("ASSISTED_BACKENDS_NATIVE", "unset: on where it covers the model")
+    payload = {
+        "model": f"{MODEL} ({gguf.name})",
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "threads": args.threads,
+        "slots": args.slots,
+        "ASSISTED_BACKENDS_NATIVE": native,
+        "prompt_set": "ShareGPT V3 held-out first user turns (<= 256 tokens)",
+        "configurations": configurations,
+    }
+    write_result("serve", command_line("serve"), payload, Path(args.out) if args.out else None)
     return 0
 
 

@@ -3,6 +3,7 @@
 
     python -m benchmarks.native_step [--model smollm2-135m-instruct] [--threads 1 2] [--repeats 7] [--tokens 32]
                                      [--no-llama-bench] [--output native_step]
+    python -m benchmarks.native_step --memory    (resident memory per stage, in a fresh process)
 
 Per thread count, interleaved medians: decode tokens/s (32 greedy steps after a 64-token prompt, the cache cut
 back after each timed call), a verify pass over 5 and 8 rows in decode steps, prefill of a 128-token prompt in
@@ -106,6 +107,38 @@ def _llama_bench(path, threads: list[int]) -> dict | None:
     return {"command": " ".join(result["command"]), "by_threads": result["by_threads"]}
 
 
+def memory_stages(model: str) -> dict[str, float]:
+    """Resident MiB added by each stage of a fresh process (run with --memory first thing): the package's modules
+    and kernels, the model's load, the native decoder's build, a 64-token decode; against `import torch,
+    transformers`."""
+    import transformers  # noqa: F401
+
+    stages, base = {}, _rss_mib()
+    stages["torch_and_transformers_mib"] = base
+    from assisted_backends.native import extension
+    from assisted_backends.quantized.model import load_gguf_quantized
+    from assisted_backends.quantized.native_decoder import NativeCausalLM
+
+    extension.status()
+    stages["package_modules_and_kernels_mib"] = _rss_mib() - base
+    path = ensure_real_gguf(model)
+    mark = _rss_mib()
+    loaded = load_gguf_quantized(path, tokenizer=False)
+    stages["model_load_mib"], mark = _rss_mib() - mark, _rss_mib()
+    native = NativeCausalLM(loaded.model)
+    stages["native_decoder_mib"], mark = _rss_mib() - mark, _rss_mib()
+    cache = native.new_native_cache()
+    with torch.inference_mode():
+        native(torch.arange(10, 42)[None], past_key_values=cache)
+        for _ in range(64):
+            native(torch.tensor([[5]]), past_key_values=cache)
+    stages["decode_64_tokens_mib"] = _rss_mib() - mark
+    stages["weights_mib"] = loaded.weight_bytes() / (1 << 20)
+    stages["file_mib"] = path.stat().st_size / (1 << 20)
+    stages["beyond_imports_over_file"] = (_rss_mib() - base) / stages["file_mib"]
+    return stages
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a real model (smollm2-135m-instruct, "
@@ -115,7 +148,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--no-llama-bench", action="store_true")
     parser.add_argument("--output", default=None, help="result name (default native_step)")
+    parser.add_argument("--memory", action="store_true", help="only the resident memory of each stage")
     arguments = parser.parse_args()
+    if arguments.memory:
+        stages = memory_stages(arguments.model)
+        print(stages)
+        write_result(arguments.output or "native_step_memory", command_line("native_step"), {"stages": stages})
+        return
 
     import transformers  # noqa: F401  (the imports' memory, before the model)
 

@@ -168,3 +168,17 @@ def test_two_threads_split_a_tiny_models_layers_when_the_grain_allows():
             weight.matmul(x)
             seen.add(int(torch.ops.assisted_backends.block_threads_used()))
         assert max(seen) == 2, seen
+
+
+def test_row_attention_gives_the_same_bits_at_one_and_two_threads():
+    generator = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 8, 7, 64, generator=generator)
+    k, v = (torch.randn(2, 4, 300, 64, generator=generator) for _ in range(2))
+    mask = torch.rand(2, 1, 7, 300, generator=generator) > 0.1
+    lengths = torch.arange(294, 301)
+    op = torch.ops.assisted_backends.row_attention.default
+    with threads_and_grain(1):
+        one = op(q, k, v, mask, lengths, 0.125, -1)
+    with threads_and_grain(2):
+        for _ in range(5):  # pairs handed out dynamically: each run may split them differently
+            assert kernels.same_bits(op(q, k, v, mask, lengths, 0.125, -1), one)

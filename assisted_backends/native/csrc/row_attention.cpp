@@ -12,8 +12,10 @@
 #include <immintrin.h>
 
 #include "cpu_features.h"
+#include "tile_pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -218,10 +220,14 @@ at::Tensor row_attention(const at::Tensor& query, const at::Tensor& key, const a
   const int64_t group = h / hkv;
   const bool vector = (isa != 0) && has_avx2() && d % 8 == 0;
   const float scale_f = float(scale);
-  at::parallel_for(0, b * h, 1, [&](int64_t begin, int64_t end) {
+  // (batch, head) pairs handed out one at a time on the kernels' pool (tile_pool.h: no fork-join region beside
+  // it); each pair's rows are computed by the thread that took it, so the thread count changes no bit.
+  const int64_t pairs = b * h;
+  std::atomic<int64_t> next{0};
+  auto job = [&]() {
     std::vector<int64_t> keys;
     std::vector<float> p(std::max<int64_t>(t, 1));
-    for (int64_t bh = begin; bh < end; ++bh) {
+    for (int64_t bh; (bh = next.fetch_add(1, std::memory_order_relaxed)) < pairs;) {
       const int64_t bi = bh / h, hi = bh % h, kv = hi / group;
       for (int64_t mi = 0; mi < m; ++mi) {
         const int64_t limit = std::min<int64_t>(lp[mi], t);
@@ -243,7 +249,13 @@ at::Tensor row_attention(const at::Tensor& query, const at::Tensor& key, const a
         }
       }
     }
-  });
+  };
+  // A second thread only for ~256 K multiply-adds or more (a decode step's few heads over a short context are not
+  // worth its wake-up).
+  const int64_t work = pairs * m * t * d * 2;
+  int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  threads = std::max<int64_t>(1, std::min<int64_t>({threads, pairs, std::max<int64_t>(1, work >> 18)}));
+  ab_pool::Pool::get().run(threads - 1, job);
   return query.scalar_type() == at::kFloat ? out : out.to(query.scalar_type());
 }
 

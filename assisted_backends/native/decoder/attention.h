@@ -217,7 +217,7 @@ inline void attend(const float* q, const float* k, const float* v, float* out, i
       }
     }
   };
-  if (work < (int64_t(1) << 21)) {  // ~2 M multiply-adds: a step or a verify pass runs on the calling thread
+  if (work < (int64_t(1) << 26)) {  // ~64 M multiply-adds (~10 ms): steps, verify passes and short prefills run here
     body(0, rows);
   } else {
     at::parallel_for(0, rows, 1, body);

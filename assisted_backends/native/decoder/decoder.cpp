@@ -232,11 +232,11 @@ inline void rotate(const float* x, const float* cos, const float* sin, int64_t d
   for (int64_t i = half; i < d; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
-// Rows [begin, end) of work that costs `cost` a row: serial below ~1 M operations (a step, a verify pass, a short
+// Rows [begin, end) of work that costs `cost` a row: serial below ~16 M operations (a step, a verify pass, a short
 // prefill: a fork-join region on a busy core costs a timeslice), in parallel over rows above.
 template <typename F>
 void over_rows(int64_t rows, int64_t cost, const F& body) {
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, cost));
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 24) / std::max<int64_t>(1, cost));
   if (rows <= grain) {
     body(0, rows);
   } else {

@@ -1,5 +1,5 @@
-"""SmolLM2-135M's (or Gemma 3 270M's) `.gguf` step on the native decoder (`quantized.native_decoder`) against today's path
-(transformers' modeling on the same kernels, batch-invariant attention) and llama.cpp's own llama-bench.
+"""SmolLM2-135M's (or Gemma 3 270M's) `.gguf` step on the native decoder (`quantized.native_decoder`) against
+today's path (transformers' modeling on the same kernels, batch-invariant attention) and llama.cpp's own llama-bench.
 
     python -m benchmarks.native_step [--model smollm2-135m-instruct] [--threads 1 2] [--repeats 7] [--tokens 32]
                                      [--no-llama-bench] [--output native_step]
@@ -46,7 +46,8 @@ def _decoder(model, cache_factory, tokens: int):
         with torch.inference_mode():
             for _ in range(tokens):
                 out = model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                            cache_position=torch.tensor([position]), position_ids=torch.tensor([[position]]))  # fmt: skip
+                            cache_position=torch.tensor([position]),
+                            position_ids=torch.tensor([[position]]))  # fmt: skip
                 token, position = out.logits[:, -1:].argmax(-1), position + 1
         hf_compat.crop_dynamic_cache(cache, PROMPT)
 
@@ -216,7 +217,8 @@ def main() -> None:
                 if theirs.get("decode_tok_s"):
                     entry["native_over_llama_bench_decode"] = entry["native"]["decode_tok_s"] / theirs["decode_tok_s"]
                 if theirs.get("prefill_tok_s", {}).get(PREFILL):
-                    entry["native_over_llama_bench_prefill"] = entry["native"]["prefill_tok_s"] / theirs["prefill_tok_s"][PREFILL]
+                    ours = entry["native"]["prefill_tok_s"]
+                    entry["native_over_llama_bench_prefill"] = ours / theirs["prefill_tok_s"][PREFILL]
     write_result(arguments.output or "native_step", command_line("native_step"), result)
 
 

@@ -160,9 +160,11 @@ def _projections(parent: nn.Module, names: Sequence[str]) -> list[QuantizedLinea
     if isinstance(first, ProjectionSlice):
         shared = first.shared
         slices = [getattr(parent, name, None) for name in names]
-        in_order = all(isinstance(s, ProjectionSlice) and s.shared is shared for s in slices) and [
-            s.start for s in slices
-        ] == sorted(s.start for s in slices) and slices[0].start == 0
+        in_order = (
+            all(isinstance(s, ProjectionSlice) and s.shared is shared for s in slices)
+            and [s.start for s in slices] == sorted(s.start for s in slices)
+            and slices[0].start == 0
+        )
         return [shared.fused] if in_order and _block_linear(shared.fused) else None
     layers = [getattr(parent, name, None) for name in names]
     return layers if all(_block_linear(layer) for layer in layers) else None
@@ -177,7 +179,8 @@ def why_not_native(model: nn.Module) -> str | None:
     activation = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
     if activation not in _ACTIVATIONS[FAMILIES[kind][0]]:
         return f"its activation ({activation}) is not the one the native decoder computes for {kind}"
-    if any(kind not in ("full_attention", "sliding_attention") for kind in (getattr(config, "layer_types", None) or ())):
+    types = getattr(config, "layer_types", None) or ()
+    if any(kind not in ("full_attention", "sliding_attention") for kind in types):
         return "it has layers other than full or sliding-window attention"
     for name in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(config, name, None):
@@ -230,7 +233,8 @@ def _two_tables(model: nn.Module) -> bool:
 
 def _native_embedding(embedding: nn.Module) -> bool:
     """Whether the native code reads the embedding's rows itself (a block table, unscaled)."""
-    return isinstance(embedding, QuantizedEmbedding) and embedding.block_meta is not None and embedding.embed_scale is None
+    blocks = isinstance(embedding, QuantizedEmbedding) and embedding.block_meta is not None
+    return blocks and embedding.embed_scale is None
 
 
 def why_unavailable(model: nn.Module) -> str | None:
@@ -385,7 +389,9 @@ class NativeCausalLM(nn.Module):
         """Logits [B, keep or M, V] of `input_ids` [B, M] written at cache positions `cache_position` (default: after
         what `past_key_values` holds)."""
         if unused.get("inputs_embeds") is not None:
-            raise ValueError("inputs_embeds: the native decoder takes input_ids; load with ASSISTED_BACKENDS_NATIVE=off")
+            raise ValueError(
+                "inputs_embeds: the native decoder takes input_ids; load with ASSISTED_BACKENDS_NATIVE=off"
+            )
         cache = past_key_values if past_key_values is not None else self.new_native_cache()
         if not isinstance(cache, NativeCache):
             raise TypeError(f"past_key_values: the native decoder needs its own cache (new_native_cache), not "

@@ -1,7 +1,8 @@
 """The engine drives the native decoder unchanged (`engine.runner.CausalModel`): with prompt lookup, with a draft
 model (itself native), on both cache layouts and under static shapes, greedy output equals its plain decoding;
 batch rows with left padding equal the same prompts alone; every covered family (Llama, Mistral, Qwen2 biases,
-Qwen3 q/k norms, Gemma 3's extra norms, GELU, scaled embedding and local rotary base; sliding windows) steps natively with verify = steps and the reference's greedy text."""
+Qwen3 q/k norms, Gemma 3's extra norms, GELU, scaled embedding and local rotary base; sliding windows) steps
+natively with verify = steps and the reference's greedy text."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from assisted_backends.backends.cpu.backend import CPUBackend
 from assisted_backends.native import decoder_build, extension
 
 pytestmark = [
-    pytest.mark.skipif(not extension.available() or bool(decoder_build.why_unavailable()),
-                       reason="the native decoder needs the package's kernels and a compiler"),  # fmt: skip
+    pytest.mark.skipif(
+        not extension.available() or bool(decoder_build.why_unavailable()),
+        reason="the native decoder needs the package's kernels and a compiler",
+    ),  # fmt: skip
     pytest.mark.usefixtures("one_thread", "one_token_matches"),
 ]
 NEW = 40

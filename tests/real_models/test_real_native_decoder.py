@@ -1,7 +1,7 @@
-"""SmolLM2's and Gemma 3 270M's real `.gguf` files on the native decoder (`quantized.native_decoder`): a verify pass equals the one-token
-steps bit for bit, every drafter gives the plain greedy output, and greedy text equals transformers' modeling on
-the same kernels over a few hundred tokens of real prompts; where it departs, the test names the first divergence
-and the reference's top-2 margin there (a near-tie, or a fault).
+"""SmolLM2's and Gemma 3 270M's real `.gguf` files on the native decoder (`quantized.native_decoder`): a verify pass
+equals the one-token steps bit for bit, every drafter gives the plain greedy output, and greedy text equals
+transformers' modeling on the same kernels over a few hundred tokens of real prompts; where it departs, the test
+names the first divergence and the reference's top-2 margin there (a near-tie, or a fault).
 
 Run by `.ci/lanes/real_models.sh` (ASSISTED_BACKENDS_REAL_MODELS=1); skipped otherwise."""
 
@@ -29,7 +29,7 @@ pytestmark = [
 ]
 PROMPTS = (
     "The history of the printing press begins",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "Here are five tips for staying focused while studying:\n1.",
 )
 NEW = 300
@@ -45,7 +45,9 @@ def real_model(request):
     return reference, NativeCausalLM(reference), loaded.tokenizer
 
 
-def _divergence(reference, native, expected: torch.Tensor, produced: torch.Tensor, start: int) -> tuple[int, float, float]:
+def _divergence(
+    reference, native, expected: torch.Tensor, produced: torch.Tensor, start: int
+) -> tuple[int, float, float]:
     """Where two greedy sequences part (new-token index), the reference's top-2 logit margin there and the largest
     difference between the two paths' logits there."""
     column = next(i for i in range(start, expected.shape[1]) if expected[0, i] != produced[0, i])

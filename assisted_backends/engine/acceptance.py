@@ -7,6 +7,8 @@ batch dimension B and never leave the device, so the accepted count needs no hos
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from assisted_backends.engine.sampling import sample
@@ -69,3 +71,48 @@ def speculative_accept(
     q_n = q.gather(1, rows.clamp(max=gamma - 1)).squeeze(1) * (n < gamma)[:, None]  # [B, V]; q_{γ+1} = 0
     next_distribution = residual_distribution(p_n, q_n)  # equals p_{γ+1} when n == γ
     return n, sample(next_distribution, generator)
+
+
+def tree_accept(
+    children: list[list[int]],
+    tokens: list[int],
+    scores_at: Callable[[int, list[int]], torch.Tensor],
+    do_sample: bool,
+    generator: torch.Generator | None,
+) -> tuple[list[int], int]:
+    """Token trees (`engine.token_tree`): walk from the root (row 0) down the rows the target keeps.
+
+    `children[r]`: row r's child rows; `tokens[r]`: the token of row r (row 0: the pending one); `scores_at(r, path)`:
+    the target's processed scores [V] after row r, `path` the rows from the root to r. Greedy: follow the child whose
+    token is argmax(scores_r); stop where none is. Sampling (drafts are point masses): with residual ρ = p_r, try each
+    child c in turn, accept with probability ρ(x_c) (= min(1, ρ(x_c)/q(x_c)), q = δ_{x_c}), else ρ ← norm(ρ with x_c
+    removed), i.e. norm(max(0, ρ − δ_{x_c})) (SpecInfer's recursive rejection); after every child is rejected sample
+    from ρ. The token added is then distributed as p_r exactly. Returns (the accepted rows, root excluded; the next
+    token).
+    """
+    path: list[int] = []
+    row = 0
+    while True:
+        scores = scores_at(row, [0] + path)  # [V]
+        if not do_sample:
+            choice = int(scores.argmax())
+            step = next((c for c in children[row] if tokens[c] == choice), None)
+            if step is None:
+                return path, choice
+            path.append(step)
+            row = step
+            continue
+        residual = torch.softmax(scores, dim=-1)
+        step = None
+        for child in children[row]:
+            u = torch.rand((), generator=generator, device=residual.device, dtype=residual.dtype)
+            if u < residual[tokens[child]]:
+                step = child
+                break
+            removed = residual.clone()
+            removed[tokens[child]] = 0.0
+            residual = residual_distribution(residual, residual - removed)
+        if step is None:
+            return path, int(sample(residual, generator))
+        path.append(step)
+        row = step

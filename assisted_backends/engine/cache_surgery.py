@@ -69,3 +69,16 @@ def copy_cache_positions(source, destination, layers: int, begin: int, end: int)
         with torch.inference_mode():  # the caches' tensors were made in inference mode
             destination.update(keys[..., begin:end, :].clone(), values[..., begin:end, :].clone(), layer)
     return True
+
+
+def keep_cache_positions(cache, begin: int, positions: list[int]) -> None:
+    """Token trees: the keys and values at `positions` (ascending, each >= `begin`) move to the consecutive positions
+    [begin, begin + len(positions)) of every cache tensor, in place; what lies past them is left for a rollback."""
+    if not positions or positions == list(range(begin, begin + len(positions))):
+        return
+    with torch.inference_mode():  # the caches' tensors were made in inference mode
+        for layer in hf_compat.cache_tensors(cache):
+            for tensor in layer:
+                index = torch.tensor(positions, device=tensor.device)
+                gathered = tensor.index_select(-2, index)  # a copy: overlapping moves are safe
+                tensor[..., begin : begin + len(positions), :].copy_(gathered)

@@ -22,6 +22,7 @@ from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.schedule import DraftSchedule
 from assisted_backends.engine.stats import GenerationStats
+from assisted_backends.engine.token_tree import TokenTree
 from assisted_backends.engine.tokens import TokenBuffer
 
 P = ParamSpec("P")
@@ -39,6 +40,8 @@ class Proposal:
 
     count: int
     q: torch.Tensor | None = None
+    tree: TokenTree | None = None  # one row: the chain as nodes 0..count−1 plus other branches (`engine.token_tree`)
+    tree_expected: tuple[float, float] | None = None  # the drafter's expected tokens accepted: (chain, tree)
 
 
 class Drafter(ABC):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from assisted_backends.engine.acceptance import greedy_accept, speculative_accept
+from assisted_backends.engine.acceptance import greedy_accept, speculative_accept, tree_accept
 from assisted_backends.engine.drafter import GuardedDrafter, Proposal
 from assisted_backends.engine.head_on_demand import HeadSplit, greedy_accept_on_demand
 from assisted_backends.engine.joins import Refill
@@ -32,6 +32,7 @@ from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector, sample
 from assisted_backends.engine.schedule import RoundObservation
 from assisted_backends.engine.stopping import StopCheck
+from assisted_backends.engine.token_tree import TokenTree
 from assisted_backends.engine.tokens import RowStarts, TokenBuffer
 
 
@@ -76,11 +77,21 @@ def speculative_round(
     drafter.note_stop(buffer, rows.total)
     draft = buffer.ids[:, start : start + proposal.count]  # [B, γ']
     drafted_at = time.perf_counter()
-    accepted, next_token, logits, scores = verify(target, buffer, start, draft, proposal, selector, generator, split)
+    drafted = draft.shape[1]
+    rows_fed = draft.shape[1] + 1
+    if _tree_wanted(proposal, target, buffer, settings, start):  # one row, dynamic cache: the path, then a chain
+        accepted, next_token, logits, scores = verify_tree(target, buffer, start, proposal.tree, selector, generator)
+        drafted, rows_fed = proposal.tree.size, proposal.tree.size + 1
+        target.tree_price.trees += 1
+        draft = buffer.ids[:, start : start + int(accepted[0])]  # the accepted path, written over the chain
+    else:
+        accepted, next_token, logits, scores = verify(
+            target, buffer, start, draft, proposal, selector, generator, split
+        )
     rows.total.head_positions_skipped += draft.shape[1] + 1 - logits.shape[1]
     n, kept = commit(buffer, rows, settings, start, draft.shape[1], accepted, next_token, logits, scores)
     verified_at = time.perf_counter()
-    rows.record_round(buffer, positions, draft.shape[1], n)
+    rows.record_round(buffer, positions, drafted, n)
     rows.settle(buffer, target, drafter, start, n, kept, reserve)  # batches: realign the rows
     target.rollback(buffer.length - 1)  # the newest committed token stays pending
     if gamma > 0:
@@ -88,9 +99,11 @@ def speculative_round(
     drafter.note_stop(buffer, rows.total)
     # batches: the verify cost includes realigning the rows (it grows with γ too)
     verify_s = (time.perf_counter() if buffer.batched else verified_at) - drafted_at
+    if not buffer.batched and gamma > 0:
+        target.tree_price.observe(rows_fed, verify_s)  # chain or tree: priced by the rows a pass feeds
     row_accepted = tuple(n[b] for b in positions) if buffer.batched else ()
     accepted_total = sum(n[b] for b in positions)
-    return RoundObservation(draft.shape[1], accepted_total, drafted_at - began, verify_s, row_accepted, len(n))
+    return RoundObservation(drafted, accepted_total, drafted_at - began, verify_s, row_accepted, len(n))
 
 
 def prefill(
@@ -163,6 +176,59 @@ def verify(
         accepted, next_token = speculative_accept(draft, proposal.q, p, generator)
         return accepted, next_token, logits, scores
     return torch.zeros(p.shape[0], dtype=torch.long, device=p.device), sample(p[:, -1], generator), logits, scores
+
+
+def _tree_wanted(
+    proposal: Proposal, target: ModelRunner, buffer: TokenBuffer, settings: LoopSettings, start: int
+) -> bool:
+    """Whether this round verifies the proposal's token tree rather than its chain: a tree with branches, one row,
+    no fixed shapes or queue, a runner that can (`ModelRunner.tree_refusal`); else the chain, as always."""
+    tree = proposal.tree
+    if tree is None or tree.size <= proposal.count or buffer.batched or settings.static_shapes:
+        return False
+    if settings.refill is not None or target.feature_tap is not None or target.length != start - 1:
+        return False  # queues; drafters reading the target's hidden states (EAGLE) see chains only
+    if target.tree_refusal() is not None:
+        return False
+    if proposal.tree_expected is None:
+        return True
+    return target.tree_price.worth(proposal.count + 1, tree.size + 1, *proposal.tree_expected)
+
+
+def verify_tree(
+    target: ModelRunner,
+    buffer: TokenBuffer,
+    start: int,
+    tree: TokenTree,
+    selector: TokenSelector,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One target pass over the pending token and a token tree (`engine.token_tree`), then the tree rule
+    (`engine.acceptance.tree_accept`): the n accepted nodes' tokens are written at columns [start, start + n), the
+    target's cache keeps them at those positions, and the round commits them as a chain of n drafts:
+    (n [1], y [1], logits [1, n + 1, V], processed scores [1, n + 1, V]) along the path."""
+    root = buffer.ids[:, start - 1 : start]  # [1, 1]
+    nodes = torch.tensor([tree.tokens], dtype=root.dtype, device=root.device)  # [1, N]
+    tokens = torch.cat([root, nodes], dim=1)  # [1, N + 1]
+    logits = target.forward_tree(tokens, tree)  # [1, N + 1, V]
+    prefix = buffer.through(start)  # [1, start]: ends with the root
+    scored: dict[int, torch.Tensor] = {}
+
+    def scores_at(row: int, path: list[int]) -> torch.Tensor:
+        context = torch.cat([prefix, tokens[:, path[1:]]], dim=1)  # ends with row's token
+        scored[row] = selector.scores(logits[:, row : row + 1], context)  # [1, 1, V]
+        return scored[row][0, 0]
+
+    path, token = tree_accept(tree.children(), tokens[0].tolist(), scores_at, selector.do_sample, generator)
+    n = len(path)
+    if n:
+        buffer.ids[0, start : start + n] = tokens[0, path]
+    target.keep_path(start - 1, path)
+    kept = [0] + path
+    device = root.device
+    accepted = torch.tensor([n], device=device)
+    next_token = torch.tensor([token], dtype=root.dtype, device=device)
+    return accepted, next_token, logits[:, kept], torch.cat([scored[row] for row in kept], dim=1)
 
 
 def commit(

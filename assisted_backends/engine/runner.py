@@ -14,6 +14,8 @@ from assisted_backends.engine import cache_surgery
 from assisted_backends.engine.head_on_demand import OnDemandHead
 from assisted_backends.engine.kv_cache import CacheLayout
 from assisted_backends.engine.realign import RowMove
+from assisted_backends.engine.schedule import TreePrice
+from assisted_backends.engine.token_tree import MASK_IMPLEMENTATIONS, TokenTree, attention_mask
 from assisted_backends.engine.tokens import TokenBuffer
 
 
@@ -66,6 +68,8 @@ class ModelRunner:
         self.inputs_from = inputs_from
         self._bind(model)
         self.head = OnDemandHead.of(model) if head_on_demand else None
+        self.tree_passes = 0  # token-tree verify passes (`forward_tree`)
+        self.tree_price = TreePrice()  # one row's rounds: chain or tree by measured cost
         self.feature_tap = None  # a drafter reading hidden states (`drafters.eagle`): `.capture(start)` per forward
 
     def run_eagerly(self) -> None:
@@ -136,6 +140,66 @@ class ModelRunner:
         if checking:
             self.head.check(logits)
         return logits.float()
+
+    def tree_refusal(self) -> str | None:
+        """Why this runner cannot verify a token tree (None: it can): trees need one row, a dynamic cache of plain
+        layers (no window dropping positions, no tuple cache), and an attention that takes a 4-D mask."""
+        if self.layout.name != "dynamic" or self.layout.pad.shape[0] != 1 or bool(self.layout.pad.any()):
+            return "a token tree needs one row in a dynamic cache"
+        if self.inputs_from is not None:
+            return "a token tree cannot carry per-column inputs"
+        layers = getattr(self.layout.cache, "layers", None)
+        if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+            return "a token tree needs every cache layer to keep all positions"
+        config = getattr(self.model, "config", None)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if getattr(text, "model_type", None) in ("bloom", "mpt") or getattr(text, "alibi", False):
+            return "a token tree needs positions from position ids (ALiBi biases by cache index)"
+        windowed = getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True)
+        if (
+            windowed
+            or getattr(text, "attention_chunk_size", None)
+            or "sliding_attention" in (getattr(text, "layer_types", None) or ())
+        ):
+            return "a token tree's mask has no sliding window or chunks"
+        implementation = getattr(config, "_attn_implementation", None)
+        if implementation not in MASK_IMPLEMENTATIONS or not isinstance(self.model, PreTrainedModel):
+            return f"a token tree needs a 4-D mask, which attention {implementation!r} is not given here"
+        return None
+
+    def forward_tree(self, tokens: torch.Tensor, tree: TokenTree) -> torch.Tensor:
+        """Token trees (`engine.token_tree`): feed `tokens` [1, N + 1] (the pending token, then the tree's nodes)
+        after the cached positions, row r at position length + depth(r), seeing the prefix and its ancestors only;
+        float logits [1, N + 1, V]. The cache then holds all N + 1 rows (`keep_path` keeps one path)."""
+        start = self.layout.length
+        rows = tokens.shape[1]
+        cache_position = torch.arange(start, start + rows, device=tokens.device)  # [N + 1]
+        depths = torch.tensor(tree.depths(), device=tokens.device)
+        position_ids = (start + depths)[None, :].clamp(min=0, max=self._max_position)  # [1, N + 1]
+        implementation = self.model.config._attn_implementation
+        dtype = hf_compat.activation_dtype(self.model)
+        mask = attention_mask(tree, start, implementation, dtype).to(tokens.device)
+        kwargs = {"cache_position": cache_position} if self._pass_cache_position else {}
+        with torch.inference_mode():
+            output = self.model(
+                input_ids=tokens,
+                attention_mask=mask,
+                position_ids=position_ids,
+                use_cache=True,
+                **hf_compat.cache_kwargs(self.model, self.layout.cache),
+                **kwargs,
+            )
+        self.layout.advance(rows)
+        self.forward_count += 1
+        self.tree_passes += 1
+        self.step_boundary()
+        return output.logits.float()
+
+    def keep_path(self, begin: int, rows: list[int]) -> None:
+        """After a tree pass that began at position `begin` (its root): keep the root and the tree `rows` (ascending)
+        at consecutive positions [begin, begin + 1 + len(rows)); the rest is rolled back."""
+        cache_surgery.keep_cache_positions(self.layout.cache, begin + 1, [begin + row for row in rows])
+        self.layout.rollback(begin + 1 + len(rows))
 
     def extend_from(self, source: ModelRunner, layers: int, end: int) -> bool:
         """Take positions [length, end) of the first `layers` layers from `source`'s cache instead of computing

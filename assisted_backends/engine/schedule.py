@@ -480,3 +480,27 @@ def choose_schedule(
     return ScheduleSpec(
         "adaptive", num_assistant_tokens or max_gamma, cost_prior, prompt_pass_prior, horizon, acceptance_prior
     )
+
+
+class TreePrice:
+    """Chain or token tree, by measured cost (`engine.token_tree`): t_v(M), the verify pass over M rows of one row's
+    round, is averaged per M (`_VerifyCost`); a tree of M' rows whose drafter expects E' tokens accepted is verified
+    instead of its chain (M rows, E expected) when (E' + 1) / t_v(M') >= (E + 1) / t_v(M): the wider pass must be
+    paid back by the tokens it is expected to add. An M' never measured is taken as the nearest measured one (tried
+    once, then priced)."""
+
+    def __init__(self) -> None:
+        self.cost = _VerifyCost()
+        self.trees = 0  # rounds that verified a tree
+        self.declined = 0  # trees offered but priced out (their chain verified)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        self.cost.add(rows, seconds)
+
+    def worth(self, chain_rows: int, tree_rows: int, chain_expected: float, tree_expected: float) -> bool:
+        t_chain, t_tree = self.cost(chain_rows), self.cost(tree_rows)
+        if t_chain <= 0.0 or t_tree <= 0.0:
+            return True  # nothing measured yet
+        wanted = (tree_expected + 1.0) / t_tree >= (chain_expected + 1.0) / t_chain
+        self.declined += not wanted
+        return wanted

@@ -53,9 +53,12 @@ def batch_invariant_attention(
         mask = None if attention_mask is None else attention_mask[:, :, j : j + 1, :length]
         if mask is not None and bool(mask.all()):
             mask = None  # a decode step attending everything has no mask
-        out, _ = sdpa_attention_forward(
-            module, query[:, :, j : j + 1], key[:, :, :length], value[:, :, :length], mask, is_causal=False, **kwargs
-        )
+        keys, values = key[:, :, :length], value[:, :, :length]
+        if mask is not None and mask.shape[:2] == (1, 1) and mask.dtype == torch.bool:
+            # one mask for all (a token tree's row): its attended keys alone, in position order, and no mask
+            index = mask[0, 0, 0].nonzero().squeeze(-1)
+            keys, values, mask = keys.index_select(2, index), values.index_select(2, index), None
+        out, _ = sdpa_attention_forward(module, query[:, :, j : j + 1], keys, values, mask, is_causal=False, **kwargs)
         rows.append(out)  # [B, 1, H, D]
     return torch.cat(rows, dim=1), None
 

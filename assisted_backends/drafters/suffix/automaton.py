@@ -241,6 +241,39 @@ class SuffixAutomaton:
             state = child
         return tokens, probabilities
 
+    def branches(
+        self, state: int, chain: list[int], width: int, limit: int, min_probability: float
+    ) -> list[tuple[list[int], list[float]]]:
+        """Token trees: walking `chain` from `state`, at each depth d the other next tokens among the `width` most
+        frequent whose estimated probability P(chain[:d]) · count(child) / count(v) stays >= `min_probability`, each
+        followed by its own best continuation (`best_continuation`), at most `limit` tokens a path:
+        [(chain[:d] + [token] + continuation, the estimated probability of each new token's prefix)], the likeliest
+        first."""
+        found: list[tuple[list[int], list[float]]] = []
+        reach = 1.0
+        for depth in range(min(len(chain), limit)):
+            children = self.children(state) if state >= 0 else []
+            if not children:
+                break
+            total = max(self.count[state], 1) if state > 0 else max(sum(self.count[c] for _, c in children), 1)
+            ranked = sorted(children, key=lambda edge: (-self.count[edge[1]], edge[0]))[:width]
+            following = -1
+            for token, child in ranked:
+                share = reach * min(1.0, self.count[child] / total)
+                if token == chain[depth]:
+                    following = child
+                    continue
+                if share >= min_probability:
+                    tail, chances = self.best_continuation(child, limit - depth - 1, min_probability / share)
+                    found.append((chain[:depth] + [token] + tail, [share] + [share * c for c in chances]))
+            if following < 0:
+                following = self.step(state, chain[depth])
+                if following < 0:
+                    break
+            reach *= min(1.0, self.count[following] / total)
+            state = following
+        return sorted(found, key=lambda item: -item[1][0])
+
     def nbytes(self) -> int:
         """Bytes held: the arrays' buffers and the branching dicts (their keys and values counted as ints)."""
         arrays = [self.length, self.link, self.count, self.stamp, self.edge_token, self.edge_target, self.more_head]

@@ -50,9 +50,14 @@ NO_CONTINUATION = Continuation(0, [], [])
 class SuffixCache:
     """Earlier requests' tokens, indexed for the longest-suffix match (see the module docstring)."""
 
-    def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS, segment_tokens: int | None = None) -> None:
+    def __init__(
+        self, max_tokens: int = DEFAULT_MAX_TOKENS, segment_tokens: int | None = None, token_trees: bool = False
+    ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"SuffixCache(max_tokens=...) must be an int >= 1, got {max_tokens!r}")
+        if not isinstance(token_trees, bool):
+            raise ValueError(f"SuffixCache(token_trees=...) must be True or False, got {token_trees!r}")
+        self.token_trees = token_trees  # drafters over this cache may propose token trees (one row only)
         self.max_tokens = max_tokens
         self.segment_tokens = max(1, segment_tokens or min(DEFAULT_SEGMENT_TOKENS, max(max_tokens // 8, 1)))
         self.segments: list[SuffixAutomaton] = []
@@ -103,6 +108,24 @@ class SuffixCache:
                 if tokens and (matched > best.matched or found.score > best.score):
                     best = found
         return best
+
+    def branches(
+        self, context: list[int], chain: list[int], width: int, limit: Callable[[int], int], min_probability: float
+    ) -> list[tuple[list[int], list[float]]]:
+        """Token trees: the continuations competing with `chain` after `context`'s longest matched suffix, in the
+        newest segment holding that match (`SuffixAutomaton.branches`: each path, and the estimated probabilities of
+        its tokens past the chain), at most `limit(matched)` tokens each, the likeliest first."""
+        window = context[-MATCH_WINDOW:]
+        best: tuple[int, SuffixAutomaton | None, int] = (0, None, -1)
+        with self._lock:
+            for segment in reversed(self.segments):
+                state, matched = segment.match(window)
+                if matched > best[0]:
+                    best = (matched, segment, state)
+            matched, segment, state = best
+            if segment is None:
+                return []
+            return segment.branches(state, chain, width, limit(matched), min_probability)
 
     def nbytes(self) -> int:
         """Bytes the index holds (`SuffixAutomaton.nbytes` summed)."""

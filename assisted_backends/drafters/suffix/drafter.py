@@ -27,11 +27,14 @@ from assisted_backends.drafters.suffix.cache import MATCH_WINDOW, NO_CONTINUATIO
 from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.sampling import TokenSelector
+from assisted_backends.engine.token_tree import TokenTree
 from assisted_backends.engine.tokens import TokenBuffer
 
 DEFAULT_SPEC_FACTOR = 1.0  # tokens proposed per matched token (the match length scales the speculation)
 DEFAULT_MIN_PROBABILITY = 0.1  # SuffixDecoding's and vLLM's default
 DEFAULT_MIN_MATCH = 2  # as prompt lookup: a one-token match predicts little
+DEFAULT_TREE_WIDTH = 3  # token trees: the competing first tokens tried
+DEFAULT_TREE_EXTRA = 4  # token trees: nodes beyond the chain's
 
 
 class _Row:
@@ -70,7 +73,14 @@ class SuffixDrafter(Drafter):
         spec_factor: float = DEFAULT_SPEC_FACTOR,
         min_probability: float = DEFAULT_MIN_PROBABILITY,
         min_match: int = DEFAULT_MIN_MATCH,
+        token_trees: bool | None = None,
+        tree_width: int = DEFAULT_TREE_WIDTH,
+        tree_extra: int = DEFAULT_TREE_EXTRA,
     ) -> None:
+        self.token_trees = bool(getattr(cache, "token_trees", False)) if token_trees is None else token_trees
+        self.tree_width = tree_width
+        self.tree_extra = tree_extra
+        self.trees = 0  # proposals that carried a token tree
         self.vocab_size = vocab_size
         self.cache = cache
         self.fixed_length = fixed_length
@@ -144,11 +154,50 @@ class SuffixDrafter(Drafter):
         self._catch_up(buffer)
         start = buffer.length
         room = buffer.capacity - start
-        found = [self.choose(row, gamma).tokens[:room] for row in self.rows]
+        chosen = [self.choose(row, gamma) for row in self.rows]
+        found = [continuation.tokens[:room] for continuation in chosen]
         count = min(gamma, room) if self.fixed_length else max(len(tokens) for tokens in found)
         for b, tokens in enumerate(found):
             if tokens:
                 buffer.ids[b, start : start + len(tokens)] = torch.tensor(tokens, dtype=buffer.ids.dtype)
         written = [len(tokens) for tokens in found]
         self.proposed += count
-        return fill_proposal(buffer, written, count, self.vocab_size, selector.do_sample)
+        proposal = fill_proposal(buffer, written, count, self.vocab_size, selector.do_sample)
+        if self.token_trees and len(self.rows) == 1 and not self.fixed_length and found[0]:
+            chain_expected = sum(chosen[0].probabilities[: len(found[0])])
+            grown = self.tree(self.rows[0], found[0], min(gamma, room))
+            if grown is not None:
+                proposal.tree, extra = grown
+                proposal.tree_expected = (chain_expected, chain_expected + extra)
+                self.trees += 1
+        return proposal
+
+    def tree(self, row: _Row, chain: list[int], depth: int) -> tuple[TokenTree, float] | None:
+        """Token trees: `chain` (nodes 0..k−1) plus the competing continuations the row's own tokens and the cache
+        offer (`SuffixCache.branches`), at most `tree_extra` nodes more and `depth` deep, and the tokens its added
+        nodes are expected to add (their estimated probabilities summed; the row's own copy counts 1 a token); None
+        when nothing competes."""
+        limit = self.limit(depth)
+        paths: list[tuple[list[int], list[float]]] = []
+        own = row.own_continuation(limit(row.index.current_match()[1]), self.min_match).tokens
+        if own:
+            paths.append((own, [1.0] * len(own)))
+        if self.cache is not None:
+            context = row.index.tokens[-MATCH_WINDOW:].tolist()
+            paths += self.cache.branches(context, chain, self.tree_width, limit, self.min_probability)
+        tree, kept, extra = TokenTree.from_paths([chain]), [chain], 0.0
+        for path, chances in paths:
+            new_at = len(path) - len(chances)  # chances cover the path's last tokens
+            path = path[:depth]
+            while path:
+                candidate = TokenTree.from_paths(kept + [path])
+                if candidate.size <= len(chain) + self.tree_extra:
+                    break
+                path = path[:-1]
+            if not path or candidate.size == tree.size:
+                continue
+            added = candidate.size - tree.size  # new nodes: the path's last `added` tokens
+            extra += sum(chances[max(0, len(path) - added - new_at) : len(path) - new_at])
+            kept.append(path)
+            tree = candidate
+        return (tree, extra) if tree.size > len(chain) else None

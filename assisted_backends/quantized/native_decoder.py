@@ -71,12 +71,22 @@ class NativeCache:
         self.kv_heads, self.head_dim = kv_heads, head_dim
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
-        self.length = 0
+        self._length = 0
+        self._stored: dict[tuple[int, int], int] = {}  # (buffer kind, layer) -> width, while a row move is under way
         self._views = [_LayerView(self, index) for index in range(layers)]
         self.static_capacity = capacity if batch is not None else None
         self.reference_cache = None  # transformers' cache where this one runs the reference (hooks read its layers)
         if batch is not None:
             self._allocate(batch, max(capacity, 1))
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self._length = value
+        self._stored.clear()
 
     @property
     def layers(self) -> list:
@@ -122,19 +132,25 @@ class NativeCache:
 
     def view(self, buffers: list, index: int) -> torch.Tensor | None:
         tensor = buffers[index]
-        return None if tensor is None else tensor[:, :, : self.length]
+        width = self._stored.get((buffers is self.values, index), self._length)
+        return None if tensor is None else tensor[:, :, :width]
 
     def store(self, buffers: list, index: int, value: torch.Tensor) -> None:
         """A layer's new keys or values [B', Hkv, T, Dh] (rows moved or left): copied into the buffers, which
-        are reallocated where B' or T does not fit; `length` becomes T."""
+        are reallocated where B' or T does not fit. `length` becomes T once every layer's keys and values are stored
+        (a row move replaces them one tensor at a time, each read at the old length before its turn)."""
         batch, _, width, _ = value.shape
         tensor = buffers[index]
         if tensor is None or tensor.shape[0] != batch or tensor.shape[2] < width:
             tensor = torch.zeros(batch, self.kv_heads, max(width, self.capacity, 1), self.head_dim)
             buffers[index] = tensor
         with torch.inference_mode():
+            if value.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+                value = value.clone()  # a row move's view of these very buffers: an overlapping copy would smear it
             tensor[:, :, :width].copy_(value)
-        self.length = width
+        self._stored[(buffers is self.values, index)] = width
+        if len(self._stored) == 2 * len(self.keys):
+            self.length = width
 
 
 @dataclass

@@ -63,6 +63,21 @@ def test_batch_rows_with_padding_equal_each_prompt_alone(models):
         assert torch.equal(result.sequences[row, 9:], expected), row
 
 
+@pytest.mark.parametrize("slots", [1, 2])
+def test_queue_rows_that_join_equal_each_prompt_alone(models, slots):
+    """A queue's joining rows move left as rows realign: every layer's keys must move, not the first one alone (a
+    row move stores layer by layer; the cache's length changes only once all are stored)."""
+    from assisted_backends.api.generation import AssistedGenerator
+
+    _, native = models
+    generator = AssistedGenerator(native)
+    prompts = [prompt(length, seed)[0].tolist() for seed, length in enumerate((5, 12, 9, 20, 7))]
+    result = generator.generate_many(prompts, slots=slots, max_new_tokens=16, pad_token_id=0)
+    for index, ids in enumerate(prompts):
+        alone = generator.generate(torch.tensor([ids]), max_new_tokens=16).sequences[0, len(ids) :]
+        assert result.tokens[index].tolist() == alone.tolist(), index
+
+
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"])
 def test_each_covered_family_steps_natively_and_exactly(arch):
     from architectures import build

@@ -12,7 +12,6 @@ flight finish, the engine thread ends, exit status 0.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import sys
 from pathlib import Path
@@ -22,13 +21,6 @@ COPIED_GROUPS = ("models", "device and precision")
 COPIED_DECODING = ("num_assistant_tokens", "schedule")
 DEFAULT_SLOTS = 8
 DEFAULT_CONTEXT = 2048
-# The native decoder step (docs/native.md) gives a row that joins a running batch other tokens than its prompt
-# alone (tests/serve/test_serve_live_queue.py, a strict xfail): off in the server unless the user sets it.
-NATIVE_SWITCH = "ASSISTED_BACKENDS_NATIVE"
-NATIVE_NOTE = (
-    "note: the native decoder step is off in this server, so that answers do not depend on the other requests "
-    f"(docs/serve.md, Limits); {NATIVE_SWITCH}=on turns it on"
-)
 
 
 def _positive(text: str) -> int:
@@ -168,9 +160,6 @@ def main(argv: list[str] | None = None) -> int:
             if __import__("importlib").util.find_spec(module) is None:
                 raise CLIError(f"{PROG} needs {module}: {install_hint('serve')}")
         sock = listen(args.host, args.port)
-        if NATIVE_SWITCH not in os.environ:
-            os.environ[NATIVE_SWITCH] = "off"
-            print(NATIVE_NOTE, file=sys.stderr)
         _quiet_libraries(args)
         from assisted_backends.serve.server import run
 

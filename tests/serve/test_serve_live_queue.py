@@ -84,11 +84,6 @@ def test_importing_the_server_loads_no_web_framework():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (2026-11-28): the native decoder's cache gives a row that joins a "
-    "queue's batch other tokens than its prompt alone (ASSISTED_BACKENDS_NATIVE=off is exact)",
-)
 def test_live_rows_on_the_native_decoder_equal_generate_alone(tmp_path):
     """A `.gguf` model served natively (the loader's default where the native decoder covers it): rows joining the
     batch while it runs must get their prompt's tokens alone, as on transformers' modeling."""

@@ -77,11 +77,12 @@ def speculative_round(
     drafter.note_stop(buffer, rows.total)
     draft = buffer.ids[:, start : start + proposal.count]  # [B, γ']
     drafted_at = time.perf_counter()
-    drafted = draft.shape[1]
+    drafted = scheduled = draft.shape[1]  # nodes verified (statistics); the chain's γ (the schedule's model)
     rows_fed = draft.shape[1] + 1
     if _tree_wanted(proposal, target, buffer, settings, start):  # one row, dynamic cache: the path, then a chain
         accepted, next_token, logits, scores = verify_tree(target, buffer, start, proposal.tree, selector, generator)
         drafted, rows_fed = proposal.tree.size, proposal.tree.size + 1
+        scheduled = max(proposal.count, int(accepted[0]))  # the path's depth: at most γ
         target.tree_price.trees += 1
         draft = buffer.ids[:, start : start + int(accepted[0])]  # the accepted path, written over the chain
     else:
@@ -103,7 +104,7 @@ def speculative_round(
         target.tree_price.observe(rows_fed, verify_s)  # chain or tree: priced by the rows a pass feeds
     row_accepted = tuple(n[b] for b in positions) if buffer.batched else ()
     accepted_total = sum(n[b] for b in positions)
-    return RoundObservation(drafted, accepted_total, drafted_at - began, verify_s, row_accepted, len(n))
+    return RoundObservation(scheduled, accepted_total, drafted_at - began, verify_s, row_accepted, len(n))
 
 
 def prefill(

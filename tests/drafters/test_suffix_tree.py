@@ -192,3 +192,17 @@ def test_sampling_with_trees_matches_plain_sampling(tree_passes):
         exact_joint(target, LogitsProcessorList([TemperatureLogitsWarper(1.0)])),
         other=exact_joint(target, LogitsProcessorList([TemperatureLogitsWarper(1.5)])),
     )
+
+
+def test_the_adaptive_schedule_prices_tree_rounds_by_their_path(tree_passes):
+    """The adaptive schedule with γ ≤ 3: a tree of up to γ + 4 nodes is reported to the schedule as its path's
+    depth, never as more draft positions than γ."""
+    target = tiny_model("llama", seed=0)
+    prompt = random_prompt(8, 3)
+    expected = reference_greedy(target, prompt, 60)
+    cache = _competing_cache(prompt, expected[0, 8:].tolist())
+    result = generate(
+        target, prompt, max_new_tokens=60, suffix_cache=cache, schedule="adaptive", num_assistant_tokens=3
+    )
+    assert torch.equal(result.sequences, expected)
+    assert tree_passes and result.stats.accepted > 30

@@ -189,3 +189,23 @@ def test_sampled_siblings_follow_the_target_distribution():
     assert chi_square_p_value(counts, p.double()) > 1e-4
     wrong = torch.tensor([0.2, 0.3, 0.2, 0.2, 0.1], dtype=torch.float64)  # power: the test tells this apart
     assert chi_square_p_value(counts, wrong) < 1e-4
+
+
+def test_a_tree_is_verified_only_where_its_expected_tokens_pay_for_the_wider_pass():
+    from assisted_backends.engine.schedule import TreePrice
+
+    price = TreePrice()
+    assert price.worth(5, 9, 2.0, 2.5)  # nothing measured: try it
+    for _ in range(2):
+        price.observe(5, 1.0)  # a chain's pass over 5 rows
+        price.observe(9, 2.0)  # a tree's over 9: twice the time
+    assert not price.worth(5, 9, 2.0, 2.5) and price.declined == 1  # (2.5 + 1) / 2 < (2 + 1) / 1
+    assert price.worth(5, 9, 1.0, 4.0)  # (4 + 1) / 2 >= (1 + 1) / 1
+    assert price.worth(5, 7, 2.0, 3.6) and not price.worth(5, 7, 2.0, 3.4)  # 7 rows: 1.5 s between the two
+
+
+def test_the_option_takes_booleans_only():
+    from assisted_backends.drafters.suffix import SuffixCache
+
+    with pytest.raises(ValueError, match=r"SuffixCache\(token_trees=...\) must be True or False, got 'yes'"):
+        SuffixCache(token_trees="yes")

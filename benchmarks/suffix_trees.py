@@ -3,12 +3,16 @@
 run once each, their order alternating, each with its own cache fed the same requests (greedy outputs are identical,
 which is checked). Ratio = Σ chain seconds / Σ tree seconds (> 1: trees faster); medians of per-request ratios too.
 
-    python -m benchmarks.suffix_trees --workloads code --requests 12
+    ASSISTED_BACKENDS_NATIVE=off python -m benchmarks.suffix_trees --workloads code --requests 16
+
+The native decoder (`quantized.native_decoder`, the .gguf default) verifies chains only: `ASSISTED_BACKENDS_NATIVE=off`
+runs both methods through transformers' modeling on the package's kernels, where trees are verified.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -45,7 +49,12 @@ def main() -> None:
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
     runner = Runner(ensure_real_gguf(args.target), args.threads)
-    payload: dict = {"target": args.target, "threads": args.threads, "workloads": {}}
+    payload: dict = {
+        "target": args.target,
+        "threads": args.threads,
+        "ASSISTED_BACKENDS_NATIVE": os.environ.get("ASSISTED_BACKENDS_NATIVE"),  # off: trees need transformers' model
+        "workloads": {},
+    }
     for name in args.workloads:
         caches = {"chain": SuffixCache(), "tree": SuffixCache(token_trees=True)}
         rows = []

@@ -135,7 +135,7 @@ class AssistedGenerator:
         self.backend = backend or resolve_backend(device, BackendOptions(dtype, draft_precision, bucket_size))
         self.facts = ModelFacts.of(self.model)
         self.draft_facts = ModelFacts.of(self.assistant_model) if self.assistant_model is not None else None
-        self.suffix_cache = cache_for(suffix_cache, self.model)  # the default of every call (None: off)
+        self.suffix_cache = None if suffix_cache is None else cache_for(suffix_cache, self.model)  # None: off
 
     def _set_threads(self) -> None:
         """torch's thread count for a call (`api.threads.for_call`), unless a call without `threads=` finds it

@@ -63,13 +63,15 @@ def eagle_directory(resolved: str) -> str | None:
     return folder if is_eagle_checkpoint(folder) else None
 
 
-def load_model(name: str | os.PathLike, what: str = "model", precision: str | None = None):
+def load_model(name: str | os.PathLike, what: str = "model", precision: str | None = None, native: bool = True):
     """The model `name` stands for, in eval mode, local files first.
 
     `precision` (the backend's `dtype` / `draft_precision` names): a `.gguf` file keeps its own quantization
     by default (None), or is requantized ("int8", "int4") straight from its blocks (`quantized.model`);
     any other precision loads the dequantized fp32 conversion (`loading.files`), cast to "fp32" / "bf16" /
-    "fp16" when named. A checkpoint is loaded in the dtype named ("fp32" / "bf16" / "fp16"), else its own."""
+    "fp16" when named. A checkpoint is loaded in the dtype named ("fp32" / "bf16" / "fp16"), else its own.
+    `native=False` keeps a kept-quantized `.gguf` on transformers' modeling (what reads its layers and tables, as
+    `train-draft` does) instead of the native decoder step."""
     from transformers import AutoModelForCausalLM
 
     gguf = files.find_gguf(name, what)
@@ -81,8 +83,9 @@ def load_model(name: str | os.PathLike, what: str = "model", precision: str | No
 
         from assisted_backends.quantized.native_decoder import native_model
 
+        model = load_gguf_quantized(gguf, scheme=precision or "file", tokenizer=False).model.eval()
         # one native call a forward where the decoder covers the model (the report's step line says which ran)
-        return native_model(load_gguf_quantized(gguf, scheme=precision or "file", tokenizer=False).model.eval())
+        return native_model(model) if native else model
     resolved = resolve(str(name), what)
     head_dir = eagle_directory(resolved)
     if head_dir is not None:

@@ -140,7 +140,9 @@ def load_target(name: str, device: torch.device, precision: str = "auto"):
         path = str(real_weights.real_model_gguf(name)) if real else name
     else:
         path = str(real_weights.real_model_dir(name)) if real else name
-    target = models.load_model(path, "target", None if precision == "file" else precision).to(device).eval()
+    # transformers' modeling, not the native step: training reads the target's layers (hooks) and token tables
+    target = models.load_model(path, "target", None if precision == "file" else precision, native=False)
+    target = target.to(device).eval()
     return target, models.load_tokenizer(path, "target")
 
 

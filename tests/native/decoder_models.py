@@ -7,6 +7,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 VOCAB = 384
@@ -23,7 +24,7 @@ def _interleave_heads(weight: np.ndarray, heads: int) -> np.ndarray:
 def write_tiny_llama(path: Path, seed: int = 0, layers: int = 2, hidden: int = 256, heads: int = 4,
                      kv_heads: int = 2, intermediate: int = 512, tied: bool = False) -> Path:  # fmt: skip
     """A random Llama of this shape at `path`, its matrices quantized by gguf to `FORMATS`."""
-    import gguf
+    gguf = pytest.importorskip("gguf", reason="the native decoder's tests write .gguf files: pip install gguf")
     from gguf import quants
 
     rng = np.random.default_rng(seed)

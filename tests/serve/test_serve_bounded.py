@@ -10,11 +10,12 @@ import signal
 import threading
 import time
 
-import httpx
 import pytest
 from serve_process import Reference, demo_prompts, running_server
 
+httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,12 @@ import concurrent.futures
 import json
 import time
 
-import httpx
 import pytest
 from serve_process import Reference, demo_prompts, running_server
 
+httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import torch
 from architectures import UnknownArchitecture, build, refused_here
 from stats_tools import NEW, PROMPT, V, assert_same_distribution, exact_joint, sample_counts
 from tiny_models import random_prompt, reference_greedy, tiny_model
+from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper
 
 from assisted_backends import generate
@@ -17,6 +18,10 @@ from assisted_backends.drafters.suffix.automaton import SuffixAutomaton
 from assisted_backends.engine import round as engine_round
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+needs_layered_caches = pytest.mark.skipif(
+    not hasattr(DynamicCache(), "layers"),
+    reason="token trees need transformers >= 4.54 (per-layer caches); before it they are refused and the chain runs",
+)
 TREE_ARCHS = ("llama", "qwen3_moe", "gemma", "phi", "gpt_neox", "opt", "falcon", "gpt2")
 
 
@@ -96,6 +101,7 @@ def test_the_drafter_grows_a_tree_within_its_node_budget_and_prices_it():
     assert SuffixDrafter(16, cache, tree_extra=0).tree(_row([0, 1, 2]), [7, 8, 9, 10], depth=4) is None
 
 
+@needs_layered_caches
 @pytest.mark.parametrize("arch", TREE_ARCHS)
 def test_greedy_with_trees_is_plain_decoding(arch, tree_passes):
     target = _model(arch)
@@ -108,6 +114,7 @@ def test_greedy_with_trees_is_plain_decoding(arch, tree_passes):
     assert tree_passes, "the competing continuations must make trees"
 
 
+@needs_layered_caches
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_the_quantized_path_with_trees_is_exact(scheme, tree_passes):
     from assisted_backends.backends.base import BackendOptions
@@ -159,6 +166,7 @@ def test_where_trees_are_refused_the_chain_serves(case, tree_passes):
     assert not tree_passes and result.stats.accepted > 0
 
 
+@needs_layered_caches
 def test_seeded_sampling_with_trees_repeats_itself(tree_passes):
     target = tiny_model("llama", seed=0)
     prompt = random_prompt(8, 0)
@@ -194,6 +202,7 @@ def test_sampling_with_trees_matches_plain_sampling(tree_passes):
     )
 
 
+@needs_layered_caches
 def test_the_adaptive_schedule_prices_tree_rounds_by_their_path(tree_passes):
     """The adaptive schedule with γ ≤ 3: a tree of up to γ + 4 nodes is reported to the schedule as its path's
     depth, never as more draft positions than γ."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from decoder_models import prompt, tiny_llama
 
 from assisted_backends import generate
@@ -23,6 +24,7 @@ pytestmark = [
     pytest.mark.usefixtures("one_thread", "one_token_matches"),
 ]
 NEW = 40
+_OLD_TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (4, 54)
 
 
 @pytest.fixture(scope="module")
@@ -95,5 +97,8 @@ def test_each_covered_family_steps_natively_and_exactly(arch):
         steps = torch.cat([native(rows[:, i : i + 1], past_key_values=steps_cache).logits for i in range(6)], 1)
         verify = native(rows[:, :6], past_key_values=verify_cache).logits
     assert torch.equal(steps, verify)
+    if arch != "llama" and _OLD_TRANSFORMERS:
+        pytest.skip("transformers < 4.54's eager attention drops these families' sliding windows (its own warning): "
+                    "no reference for 38 positions")  # fmt: skip
     expected = generate(target, start, max_new_tokens=30, backend=backend).sequences  # 38 positions: past the window
     assert torch.equal(generate(native, start, max_new_tokens=30, backend=backend).sequences, expected)

@@ -55,7 +55,12 @@ def _detached_copy(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def early_exit_view(model: PreTrainedModel, layers: int) -> PreTrainedModel:
-    """`model` truncated to its first `layers` decoder layers (1 <= layers < depth), sharing all weights with it."""
+    """`model` truncated to its first `layers` decoder layers (1 <= layers < depth), sharing all weights with it.
+    A model stepped by the native decoder (`quantized.native_decoder`) gives the same native step over its reference's
+    first layers."""
+    reference = getattr(model, "reference", None)
+    if reference is not None and hasattr(model, "new_native_cache"):
+        return type(model)(early_exit_view(reference, layers))
     config = copy.deepcopy(model.config)
     text_config = hf_compat.text_config_of(config)
     text_config.num_hidden_layers = layers

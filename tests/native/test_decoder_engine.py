@@ -42,6 +42,7 @@ def test_every_drafter_gives_the_plain_greedy_output(models):
     for kwargs in (
         dict(prompt_lookup_num_tokens=3),
         dict(assistant_model=native, num_assistant_tokens=3),
+        dict(assistant_early_exit=1, num_assistant_tokens=3),  # the native step over the first layer
         dict(assistant_model=native, num_assistant_tokens=2, cache_layout="static"),
         dict(assistant_model=native, num_assistant_tokens=3, static_shapes=True, bucket_size=16),
     ):

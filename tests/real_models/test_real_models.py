@@ -309,8 +309,11 @@ def test_gemma3_sampling_with_smollm2_draft(gemma3, smollm2):
 
 def test_generate_takes_a_gguf_path(smollm2):
     """`generate(model=<file>.gguf)` loads the file in its own quantization (cached): with prompt lookup, the same
-    tokens as that quantized model's plain decoding, and the same model `load_gguf_quantized` gives."""
+    tokens as that quantized model's plain decoding, and the same model `load_gguf_quantized` gives, stepped by the
+    native decoder as the loader does (transformers' modeling on the same kernels agrees to a tolerance, not bit for
+    bit: `tests/real_models/test_real_native_decoder.py`)."""
     from assisted_backends.quantized.model import load_gguf_quantized
+    from assisted_backends.quantized.native_decoder import native_model
 
     _, tokenizer = smollm2
     ids = _chat_ids(tokenizer, "Name a colour.")
@@ -318,7 +321,7 @@ def test_generate_takes_a_gguf_path(smollm2):
     plain = assisted_backends.generate(path, ids, max_new_tokens=12, do_sample=False)
     result = assisted_backends.generate(path, ids, prompt_lookup_num_tokens=4, max_new_tokens=12, do_sample=False)
     _assert_identical(tokenizer, ids.shape[1], plain.sequences, result)
-    loaded = load_gguf_quantized(path, tokenizer=False).model
+    loaded = native_model(load_gguf_quantized(path, tokenizer=False).model.eval())
     _assert_identical(tokenizer, ids.shape[1], plain.sequences, assisted_backends.generate(loaded, ids, max_new_tokens=12))
 
 

@@ -9,6 +9,7 @@ its job: a stream when its writer is cancelled, a plain request when the handler
 """
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -50,10 +51,8 @@ class JobEvents:
         self.loop, self.queue = loop, asyncio.Queue()
 
     def deliver(self, kind: str, payload: Any) -> None:  # the engine thread
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, payload))
-        except RuntimeError:  # the loop closed: nobody waits any more
-            pass
 
     async def next(self) -> tuple[str, Any]:
         """The next event, skipping progress events that a later one replaces."""

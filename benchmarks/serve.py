@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -69,11 +70,9 @@ class ServerProcess:
         threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True).start()
         deadline = time.monotonic() + START_S
         while True:
-            try:
+            with contextlib.suppress(httpx.HTTPError):  # not listening yet
                 if httpx.get(f"http://127.0.0.1:{port}{health}", timeout=5).status_code == 200:
                     return
-            except httpx.HTTPError:
-                pass
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"{command[0]} did not start:\n" + "".join(self.log[-30:]))

@@ -133,25 +133,23 @@ def from_directory(directory: Path, name: str, flag: str, complete: bool = True)
 
 def from_gguf(path: Path, name: str, flag: str) -> ModelFiles:
     """A `.gguf` file: its metadata (layers, context length, chat template, parameters), read in milliseconds
-    (`loading.gguf_meta`); a file cut short is refused here."""
-    import struct
-
-    from assisted_backends.loading.gguf_meta import read_meta
+    without torch (`quantized.gguf_header`, the package's one header reader); a file cut short is refused here."""
+    from assisted_backends.quantized.gguf_header import GGUFFormatError, read_header
 
     files.require_gguf(path, flag)
     try:
-        meta = read_meta(path)
-        end = meta.data_end()
-    except (struct.error, ValueError, KeyError) as error:  # any parse failure means the same thing to the user
+        header = read_header(path)
+    except GGUFFormatError as error:  # any parse failure means the same thing to the user
         raise CLIError(str(files.incomplete(path, flag, error))) from None
-    if end > meta.size:
+    end = header.data_end()
+    if end > header.size:
         raise CLIError(str(files.incomplete(path, flag, end=end)))
-    values = meta.values
+    values = header.metadata
     arch = values.get("general.architecture", "")
     config = {hf: values[f"{arch}.{key}"] for key, hf in GGUF_KEYS.items() if f"{arch}.{key}" in values}
     if arch:
         config["model_type"] = GGUF_ARCHITECTURES.get(arch, arch)
-    parameters = sum(tensor.elements for tensor in meta.tensors)
+    parameters = sum(tensor.elements for tensor in header.tensors.values())
     return ModelFiles(name, flag, config, {}, None, bool(values.get("tokenizer.chat_template")), parameters or None)
 
 

@@ -72,29 +72,28 @@ def require_gguf(path: Path, what: str = "model") -> None:
 
 
 def incomplete(path: Path, what: str, error: Exception | None = None, end: int | None = None) -> ModelFileError:
-    """The one-line error for a GGUF file cut short: its header unreadable (`error`) or its tensors ending
-    past the file (`end`)."""
+    """The one-line error for a GGUF file cut short: its header unreadable (`error`, a
+    `quantized.gguf_header.GGUFFormatError`: its reason) or its tensors ending past the file (`end`)."""
     size = path.stat().st_size
     if error is not None:
+        reason = getattr(error, "reason", error)
         return ModelFileError(f"{what} {path}: not a complete GGUF file ({size} bytes; its header cannot be read: "
-                              f"{error}); download or copy it again")  # fmt: skip
+                              f"{reason}); download or copy it again")  # fmt: skip
     return ModelFileError(f"{what} {path}: the GGUF file is truncated ({size} bytes; its tensors end at byte {end}); "
                           "download or copy it again")  # fmt: skip
 
 
 def check_complete(path: Path, what: str = "model") -> None:
     """A GGUF file whose header cannot be read, or whose tensor data runs past its end (a download or copy cut
-    short), is refused in one line before any loader meets it (`quantized.gguf_header`: torch is loaded)."""
-    import struct
-
-    from assisted_backends.quantized.gguf_header import read_header
+    short), is refused in one line before any loader meets it (`quantized.gguf_header`, the one header reader)."""
+    from assisted_backends.quantized.gguf_header import GGUFFormatError, read_header
 
     try:
         header = read_header(path)
-    except (struct.error, ValueError, IndexError, KeyError, UnicodeDecodeError) as error:
+    except GGUFFormatError as error:
         raise incomplete(path, what, error) from None
-    end = max((info.offset + info.nbytes for info in header.tensors.values()), default=0)
-    if end > path.stat().st_size:
+    end = header.data_end()
+    if end > header.size:
         raise incomplete(path, what, end=end)
 
 

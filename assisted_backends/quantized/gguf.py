@@ -48,19 +48,11 @@ import numpy as np
 import torch
 
 from assisted_backends.quantized import kernels
+from assisted_backends.quantized.gguf_header import require_gguf
 from assisted_backends.quantized.packing import QuantizedWeight, int4_from_values, int8_from_float, planes_for
 
 PLAIN_TYPES = ("F32", "F16", "BF16")
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0", "Q6_K")
-
-
-def require_gguf():
-    """The `gguf` package, or an ImportError that says how to install it."""
-    try:
-        import gguf
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError("reading GGUF files needs the gguf package: pip install gguf") from error
-    return gguf
 
 
 @dataclass

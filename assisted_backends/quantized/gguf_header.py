@@ -1,14 +1,21 @@
-"""A GGUF file's metadata and tensor table, read in well under a second.
+"""The package's one GGUF header reader: a file's metadata and tensor table in milliseconds, without torch.
 
-`gguf.GGUFReader` builds a numpy view for every string of every metadata array: 13-18 s for Gemma 3's
-262,144-token vocabulary on these machines. This reader walks the same bytes once, keeps scalars and
-short arrays, and for long string arrays keeps only where they are (`strings(key)` reads one on
-demand). Tensor data stays in the file: `tensor_bytes(info)` is a read-only memmap slice.
+Every reader of a `.gguf` header uses it: the command line's checks before anything loads (`cli.model_files`),
+the truncation check before a loader meets a file (`loading.files.check_complete`), and the quantized loader
+(`quantized.model`, `quantized.hf_config`). `gguf.GGUFReader` builds a numpy view for every string of every
+metadata array: 13-18 s for Gemma 3's 262,144-token vocabulary on these machines. This reader walks the same
+bytes once, keeps scalars and short arrays, and for long string arrays keeps only where they are
+(`strings(key)` reads one on demand). Tensor data stays in the file: `tensor_bytes(info)` is a read-only memmap
+slice. Imports: numpy, and the `gguf` package for its block sizes (no torch).
 
 Layout (GGUF v2/v3, little-endian): magic "GGUF", version u32, tensor count u64, key/value count
 u64; key/values (key: u64 length + UTF-8; value: u32 type + payload; arrays: u32 element type, u64
 count, elements); then per tensor: name, u32 n_dims, u64 dims (fastest-moving first), u32 ggml type,
 u64 offset into the data section, which starts at the next multiple of `general.alignment` (32).
+
+Whatever is wrong with a header (no magic, another version, cut short, a field past the file's end) raises
+`GGUFFormatError`, one `ValueError` whose `reason` says what, without the path (callers that name the file
+themselves put the reason in their own one-line message).
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 _MAGIC = b"GGUF"
+_HEADER_BYTES = 24  # magic, version, tensor count, key/value count
+_MAX_DIMS = 8  # ggml has 4; anything above means the table is not a tensor table
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _NUMPY = {
     0: "<u1",
@@ -38,6 +47,23 @@ _STRING, _ARRAY = 8, 9
 _KEEP_STRINGS = 64  # string arrays up to this length are decoded eagerly (merges / tokens are not)
 
 
+class GGUFFormatError(ValueError):
+    """A file whose GGUF header cannot be read: `reason` says why (no path); str() names the file too."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+def require_gguf():
+    """The `gguf` package, or an ImportError that says how to install it."""
+    try:
+        import gguf
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError("reading GGUF files needs the gguf package: pip install gguf") from error
+    return gguf
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor: GGUF name, shape in torch order ([rows, columns] for a matrix), ggml type name."""
@@ -48,9 +74,18 @@ class TensorInfo:
     offset: int  # absolute byte offset in the file
     nbytes: int
 
+    @property
+    def elements(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
 
 @dataclass
 class GGUFHeader:
+    """Metadata (scalars, strings, short arrays; a long string array as its place only) and the tensor table."""
+
     path: Path
     metadata: dict[str, object]
     tensors: dict[str, TensorInfo]
@@ -60,6 +95,15 @@ class GGUFHeader:
     @property
     def architecture(self) -> str:
         return str(self.metadata["general.architecture"])
+
+    @property
+    def size(self) -> int:
+        """The file's bytes."""
+        return len(self._data())
+
+    def data_end(self) -> int:
+        """Where the last tensor's data ends (beyond `size`: the file is cut short)."""
+        return max((info.offset + info.nbytes for info in self.tensors.values()), default=0)
 
     def array_length(self, key: str) -> int | None:
         """Element count of a metadata array (also for the long string arrays kept unread)."""
@@ -95,15 +139,24 @@ class GGUFHeader:
         return self._blob
 
 
+class _Cut(Exception):
+    """Raised inside the walk; `read_header` turns it into a `GGUFFormatError` naming the file."""
+
+
 def _string(data: memoryview, offset: int) -> tuple[str, int]:
     (length,) = struct.unpack_from("<Q", data, offset)
-    return str(data[offset + 8 : offset + 8 + length], "utf-8", errors="replace"), offset + 8 + length
+    end = offset + 8 + length
+    if end > len(data):
+        raise _Cut(f"a string of {length} bytes at byte {offset} runs past the end of the file")
+    return str(data[offset + 8 : end], "utf-8", errors="replace"), end
 
 
 def _skip_strings(data: memoryview, offset: int, count: int) -> int:
     unpack = struct.Struct("<Q").unpack_from
     for _ in range(count):
         offset += 8 + unpack(data, offset)[0]
+    if offset > len(data):
+        raise _Cut(f"a string array of {count} entries runs past the end of the file")
     return offset
 
 
@@ -114,7 +167,7 @@ def _value(data: memoryview, offset: int, kind: int, key: str, strings: dict) ->
         fmt = _SCALARS[kind]
         return struct.unpack_from(fmt, data, offset)[0], offset + struct.calcsize(fmt)
     if kind != _ARRAY:
-        raise ValueError(f"GGUF metadata {key!r}: unknown value type {kind}")
+        raise _Cut(f"metadata {key!r}: unknown value type {kind}")
     element, count = struct.unpack_from("<IQ", data, offset)
     offset += 12
     if element == _STRING:
@@ -127,26 +180,24 @@ def _value(data: memoryview, offset: int, kind: int, key: str, strings: dict) ->
         strings[key] = (offset, count)
         return None, _skip_strings(data, offset, count)
     if element == _ARRAY:
-        raise ValueError(f"GGUF metadata {key!r}: nested arrays are not supported")
+        raise _Cut(f"metadata {key!r}: nested arrays are not supported")
+    if element not in _NUMPY:
+        raise _Cut(f"metadata {key!r}: unknown array element type {element}")
     dtype = np.dtype(_NUMPY[element])
     end = offset + dtype.itemsize * count
+    if end > len(data):
+        raise _Cut(f"metadata {key!r}: an array of {count} values runs past the end of the file")
     return np.frombuffer(data[offset:end], dtype=dtype).copy(), end
 
 
-def read_header(path: str | Path) -> GGUFHeader:
-    """Metadata and tensor table of a GGUF file (tensor data untouched)."""
-    from assisted_backends.quantized.gguf import require_gguf
-
-    gguf = require_gguf()
-    path = Path(path)
-    blob = np.memmap(path, dtype=np.uint8, mode="r")
-    data = memoryview(blob)
+def _walk(data: memoryview, gguf) -> tuple[dict, dict, dict]:
+    """(metadata, tensors, long string arrays) of a whole header; `_Cut` or struct.error where it breaks."""
     if bytes(data[:4]) != _MAGIC:
-        raise ValueError(f"{path} is not a GGUF file (no 'GGUF' magic)")
+        raise _Cut("not a GGUF file (no 'GGUF' magic)")
     version, tensor_count, kv_count = struct.unpack_from("<IQQ", data, 4)
     if version not in (2, 3):
-        raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
-    offset = 24
+        raise _Cut(f"GGUF version {version} is not supported (2 or 3)")
+    offset = _HEADER_BYTES
     metadata: dict[str, object] = {}
     strings: dict[str, tuple[int, int]] = {}
     for _ in range(kv_count):
@@ -157,16 +208,43 @@ def read_header(path: str | Path) -> GGUFHeader:
     for _ in range(tensor_count):
         name, offset = _string(data, offset)
         (dims,) = struct.unpack_from("<I", data, offset)
+        if dims > _MAX_DIMS:
+            raise _Cut(f"tensor {name!r}: {dims} dimensions")
         shape = struct.unpack_from(f"<{dims}Q", data, offset + 4)
         kind, relative = struct.unpack_from("<IQ", data, offset + 4 + 8 * dims)
         offset += 4 + 8 * dims + 12
         table.append((name, tuple(reversed(shape)), kind, relative))
-    alignment = int(metadata.get("general.alignment", 32))
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise _Cut(f"general.alignment is {alignment!r}")
     start = (offset + alignment - 1) // alignment * alignment
     tensors = {}
     for name, shape, kind, relative in table:
-        quant = gguf.GGMLQuantizationType(kind)
-        block, block_bytes = gguf.GGML_QUANT_SIZES[quant]
-        nbytes = int(np.prod(shape)) // block * block_bytes
-        tensors[name] = TensorInfo(name, shape, quant.name, start + relative, nbytes)
+        try:
+            quant = gguf.GGMLQuantizationType(kind)
+            block, block_bytes = gguf.GGML_QUANT_SIZES[quant]
+        except (ValueError, KeyError):
+            raise _Cut(f"tensor {name!r}: unknown ggml type {kind}") from None
+        count = 1
+        for size in shape:
+            count *= size
+        tensors[name] = TensorInfo(name, shape, quant.name, start + relative, count // block * block_bytes)
+    return metadata, tensors, strings
+
+
+def read_header(path: str | Path) -> GGUFHeader:
+    """Metadata and tensor table of a GGUF file (tensor data untouched, the file mapped, not read whole);
+    `GGUFFormatError` when it is not one or is cut inside its header."""
+    gguf = require_gguf()
+    path = Path(path)
+    size = path.stat().st_size
+    if size < _HEADER_BYTES:
+        raise GGUFFormatError(path, f"{size} bytes, shorter than a GGUF header")
+    blob = np.memmap(path, dtype=np.uint8, mode="r")
+    try:
+        metadata, tensors, strings = _walk(memoryview(blob), gguf)
+    except _Cut as error:
+        raise GGUFFormatError(path, str(error)) from None
+    except (struct.error, OverflowError) as error:  # a field read past the end of the file
+        raise GGUFFormatError(path, f"cut inside its header ({error})") from None
     return GGUFHeader(path, metadata, tensors, strings, blob)

@@ -29,6 +29,7 @@ in the same order): the kernel must equal it bit for bit on every instruction se
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -47,6 +48,11 @@ BLOCK_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0", "Q6_K")
 class BlockWeight:
     """W [N, K] in the kernels' tiled layout (module docstring). Tensors: codes uint8 [T, groups, bytes],
     d / dmin fp16 [T, supers, 16], sc / mn int8 [T, groups, 16]; dmin, sc, mn may be None."""
+
+    format: ClassVar[str] = "blocks"
+    kernel: ClassVar[str] = "blocks"
+    planes: ClassVar[int] = 1
+    compute_dtype: ClassVar[torch.dtype] = torch.float32  # fp32 in and out (activations quantized inside)
 
     codes: torch.Tensor
     d: torch.Tensor
@@ -69,6 +75,14 @@ class BlockWeight:
         return self.in_features // self.group
 
     @property
+    def scheme(self) -> str:
+        return f"int{self.bits}"
+
+    @property
+    def group_size(self) -> int:
+        return self.group
+
+    @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.codes, self.d, self.dmin, self.sc, self.mn) if t is not None)
 
@@ -84,6 +98,21 @@ class BlockWeight:
     @classmethod
     def from_stored(cls, tensors: dict[str, torch.Tensor], meta: dict[str, int]) -> BlockWeight:
         return cls(tensors["codes"], tensors["d"], tensors.get("dmin"), tensors.get("sc"), tensors.get("mn"), **meta)
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The stored tensors by buffer name (`block_<name>`)."""
+        return {f"block_{name}": tensor for name, tensor in self.tensors().items()}
+
+    @classmethod
+    def from_buffers(cls, buffers: dict[str, torch.Tensor], meta: dict[str, int]) -> BlockWeight:
+        return cls.from_stored({name.removeprefix("block_"): tensor for name, tensor in buffers.items()}, meta)
+
+    def bind(self, bias: torch.Tensor | None) -> BlockLinear:
+        """y = x Wᵀ + b in one op call (it reshapes, adds the bias and casts back to x's dtype)."""
+        return BlockLinear(self.kernel_arguments(bias), torch.ops.assisted_backends.block_linear.default)
+
+    def describe(self) -> str:
+        return f"{self.bits}-bit blocks of {self.group}, the package's kernels"
 
     def kernel_arguments(self, bias: torch.Tensor | None = None) -> tuple:
         """The op's arguments after x, up to `isa`: `block_linear(x, *args, isa)`."""
@@ -130,6 +159,18 @@ class BlockWeight:
         if zeros is not None:
             weights = weights + zeros.double().repeat_interleave(self.group, dim=1)
         return weights.float()
+
+
+@dataclass(frozen=True)
+class BlockLinear:
+    """`BlockWeight.bind`: the op and its arguments gathered once (attribute lookups on a module cost more than the
+    op's own checks); the instruction set is the process's choice at each call."""
+
+    arguments: tuple
+    op: object
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x, *self.arguments, extension.forced_isa())
 
 
 # -- from a GGUF tensor's raw blocks --------------------------------------------------------------------------

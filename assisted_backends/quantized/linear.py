@@ -1,14 +1,15 @@
-"""Weight-only quantized layers on PyTorch's CPU kernels, and `quantize_model` for any HF causal LM.
+"""Weight-only quantized layers on CPU kernels, and `quantize_model` for any HF causal LM.
 
-`QuantizedLinear`   y = x Wᵀ + b with W held as `Int8Weight` (int8, one scale per output row) or
-                    `Int4Weight` (int4 groups of 32/64/128, one or two planes). x is cast to the
-                    weights' compute dtype (bf16: the kernels' vectorised path), the result back to
-                    x's dtype; the bias is added in x's dtype.
+`QuantizedLinear`   y = x Wᵀ + b with W any `weights.LinearWeight`: the package's block kernels (`BlockWeight`),
+                    or PyTorch's (`Int8Weight`: int8, one scale per output row; `Int4Weight`: int4 groups of
+                    32/64/128, one or more planes, x cast to the weights' compute dtype and the result back).
 `QuantizedEmbedding` row gather of a quantized [V, K] table: only the looked-up rows are dequantized
                     (to fp32, the exact values the kernel multiplies by). Built over a
                     `QuantizedLinear` it shares that layer's tensors: a tied embedding / LM head is
                     one storage.
 
+Neither branches on the weight's class: both keep the weight's tensors as buffers, rebuild the weight from them
+(`from_buffers`, again whenever a buffer is replaced or moved) and ask it (`weights.py`).
 Both are batch-invariant where the kernels are: row m of a call over M rows equals that row alone.
 """
 
@@ -20,65 +21,94 @@ from torch import nn
 from assisted_backends.model_facts import QUANTIZED_MARKER  # noqa: F401 (the marker the quantizers set, here too)
 from assisted_backends.native import extension
 from assisted_backends.quantized import blocks, kernels
-from assisted_backends.quantized.blocks import BlockWeight
-from assisted_backends.quantized.int4_layout import layout
-from assisted_backends.quantized.packing import (
-    Int4Weight,
-    Int8Weight,
-    QuantizedWeight,
-    int4_from_float,
-    int8_from_float,
-)
+from assisted_backends.quantized.packing import int4_from_float, int8_from_float
+from assisted_backends.quantized.weights import LinearWeight
 
 SCHEMES = ("int8", "int4")
 
 
-class QuantizedLinear(nn.Module):
-    """y = x Wᵀ + b on `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu`; W [N, K] quantized."""
+class _HoldsWeight(nn.Module):
+    """A module whose weight is a `LinearWeight` kept as buffers: `weight_data` rebuilds it over them; `_bind`
+    (after any buffer is replaced, and after `.to()` / `.float()`) refreshes what `forward` calls."""
 
-    def __init__(self, weight: QuantizedWeight | BlockWeight, bias: torch.Tensor | None = None) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.block_meta: dict[str, int] | None = None
-        if isinstance(weight, BlockWeight):  # the package's kernels (`blocks`), fp32 in and out
-            self.scheme, self.group_size, self.planes = f"int{weight.bits}", weight.group, 1
-            self.block_meta = weight.meta()
-            for name, tensor in weight.tensors().items():
-                self.register_buffer(f"block_{name}", tensor)
-            self.compute_dtype = torch.float32
-        elif isinstance(weight, Int8Weight):
-            self.scheme, self.group_size, self.planes = "int8", 0, 1
-            self.register_buffer("codes", kernels.aligned(weight.codes))
-            self.register_buffer("scales", kernels.aligned(weight.scales))
-            self.compute_dtype = weight.scales.dtype
-        else:
-            self.scheme, self.group_size, self.planes = "int4", weight.group_size, weight.planes
-            self.register_buffer("packed", kernels.aligned(weight.packed))
-            self.register_buffer("scale_zeros", kernels.aligned(weight.scale_zeros))
-            self.compute_dtype = weight.scale_zeros.dtype
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self._bind_block_arguments()
+    def _hold(self, weight: LinearWeight) -> None:
+        self.weight_format = type(weight)
+        self.weight_meta = weight.meta()
+        tensors = weight.buffers()
+        self._weight_names = tuple(tensors)
+        for name, tensor in tensors.items():
+            self.register_buffer(name, tensor)
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)
-        if name in self._buffers and "_block_arguments" in self.__dict__:  # a replaced buffer: rebind the arguments
-            self._bind_block_arguments()
+        if name in self._buffers and "_weight_names" in self.__dict__:  # a replaced buffer: rebind
+            self._bind()
+
+    def _apply(self, fn, recurse: bool = True):
+        """`.to(dtype)` / `.float()` on the model casts every float buffer, but a weight's tensors keep their values
+        and dtype (the kernels fix them); they follow a device move only."""
+        kept = {name: self._buffers[name] for name in self._weight_names}
+        super()._apply(fn, recurse)
+        for name, original in kept.items():
+            moved = self._buffers[name]
+            if moved.dtype != original.dtype:
+                self._buffers[name] = kernels.aligned(original.to(moved.device))
+        self._bind()
+        return self
+
+    def _bind(self) -> None:
+        self._weight = self.weight_data
+
+    @property
+    def weight_data(self) -> LinearWeight:
+        """The stored weight as its format's object (shares this module's tensors)."""
+        return self.weight_format.from_buffers({name: self._buffers[name] for name in self._weight_names},
+                                               self.weight_meta)  # fmt: skip
+
+    def buffer_names(self) -> tuple[str, ...]:
+        """The names of the buffers that hold the weight (shared by a tied embedding)."""
+        return self._weight_names
 
     @property
     def kernel(self) -> str:
         """Which kernels run it: "blocks" (the package's) or "aten" (PyTorch's int4/int8 kernels)."""
-        return "aten" if self.block_meta is None else "blocks"
+        return self.weight_format.kernel
 
-    def buffer_names(self) -> tuple[str, ...]:
-        """The names of the buffers that hold the weight (shared by a tied embedding)."""
-        if self.block_meta is not None:
-            return tuple(name for name, _ in self.named_buffers(recurse=False) if name.startswith("block_"))
-        return ("codes", "scales") if self.scheme == "int8" else ("packed", "scale_zeros")
+    @property
+    def scheme(self) -> str:
+        return self._weight.scheme
 
-    def _apply(self, fn, recurse: bool = True):
-        _apply_keeping_scales(self, lambda: super(QuantizedLinear, self)._apply(fn, recurse))
-        self._bind_block_arguments()
-        return self
+    @property
+    def group_size(self) -> int:
+        return self._weight.group_size
+
+    @property
+    def planes(self) -> int:
+        return self._weight.planes
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self._weight.compute_dtype
+
+    @property
+    def block_meta(self) -> dict[str, int] | None:
+        """The package's block layout's integers, None on PyTorch's kernels (`quantized.native_decoder` reads it)."""
+        return self.weight_meta if self.kernel == "blocks" else None
+
+
+class QuantizedLinear(_HoldsWeight):
+    """y = x Wᵀ + b, W [N, K] any `LinearWeight` (the package's block kernels, or PyTorch's int8 / int4 ones)."""
+
+    def __init__(self, weight: LinearWeight, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self._hold(weight)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self._bind()
+
+    def _bind(self) -> None:
+        super()._bind()
+        self._forward = self._weight.bind(self._buffers["bias"])
 
     @classmethod
     def from_float(
@@ -104,61 +134,21 @@ class QuantizedLinear(nn.Module):
             return cls(int8_from_float(weight, dtype), bias)
         return cls(int4_from_float(weight, group_size, dtype), bias)
 
-    @property
-    def weight_data(self) -> QuantizedWeight | BlockWeight:
-        """The stored weight as a packing object (shares this module's tensors)."""
-        if self.block_meta is not None:
-            tensors = {name.removeprefix("block_"): getattr(self, name) for name in self.buffer_names()}
-            return BlockWeight.from_stored(tensors, self.block_meta)
-        if self.scheme == "int8":
-            return Int8Weight(self.codes, self.scales)
-        return Int4Weight(self.packed, self.scale_zeros, self.group_size, self.planes, self.in_features)
-
     def dequantized_weight(self) -> torch.Tensor:
         """W [N, K] in fp32 as the kernel sees it (for checks; costs 4 bytes a weight)."""
         return self.weight_data.rows(torch.arange(self.out_features))
 
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        rows = kernels.aligned(x.reshape(-1, self.in_features).to(self.compute_dtype))
-        if self.planes > 1:
-            rows = torch.cat([rows] * self.planes, dim=1)
-        return rows
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._block_arguments is not None:  # one call: the op reshapes, adds the bias and casts back
-            return self._block_op(x, *self._block_arguments, extension.forced_isa())
-        rows = self._rows(x)  # [M, P·K]
-        if rows.shape[0] == 0:
-            out = rows.new_zeros(0, self.out_features)
-        elif self.scheme == "int8":
-            out = kernels.int8_mm(rows, self.codes, self.scales)
-        else:
-            out = kernels.int4_mm(rows, self.packed, self.group_size, self.scale_zeros)
-        out = out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-        return out if self.bias is None else out + self.bias.to(x.dtype)
-
-    def _bind_block_arguments(self) -> None:
-        """The op's arguments, gathered once (attribute lookups on a module cost more than the op's own checks)."""
-        self._block_arguments = None
-        if self.block_meta is not None:
-            self._block_arguments = self.weight_data.kernel_arguments(self.bias)
-            self._block_op = torch.ops.assisted_backends.block_linear.default
+        return self._forward(x)
 
     def extra_repr(self) -> str:
-        if self.block_meta is not None:
-            meta = self.block_meta
-            return (
-                f"in_features={self.in_features}, out_features={self.out_features}, {meta['bits']}-bit blocks of "
-                f"{meta['group']}, the package's kernels, bias={self.bias is not None}"
-            )
-        detail = "per-row scales" if self.scheme == "int8" else f"group {self.group_size}, {self.planes} plane(s)"
         return (
-            f"in_features={self.in_features}, out_features={self.out_features}, {self.scheme} ({detail}), "
-            f"{str(self.compute_dtype).removeprefix('torch.')} compute, bias={self.bias is not None}"
+            f"in_features={self.in_features}, out_features={self.out_features}, {self._weight.describe()}, "
+            f"bias={self.bias is not None}"
         )
 
 
-class QuantizedEmbedding(nn.Module):
+class QuantizedEmbedding(_HoldsWeight):
     """Row lookup in a quantized table [V, K]; the rows come out in fp32 (times `embed_scale` if given)."""
 
     def __init__(
@@ -170,32 +160,16 @@ class QuantizedEmbedding(nn.Module):
         super().__init__()
         self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
         self.padding_idx = padding_idx
-        self.scheme, self.group_size, self.planes = table.scheme, table.group_size, table.planes
-        self.block_meta = table.block_meta
-        for name in table.buffer_names():  # the same tensor objects: one storage for the embedding and the head
-            self.register_buffer(name, getattr(table, name))
+        self._hold(table.weight_data)  # the same tensor objects: one storage for the embedding and the head
         self.register_buffer(
             "embed_scale", None if embed_scale is None else torch.as_tensor(embed_scale, dtype=torch.float32)
         )
-        self.packed_layout = layout() if table.scheme == "int4" and table.block_meta is None else None
-
-    def _apply(self, fn, recurse: bool = True):
-        _apply_keeping_scales(self, lambda: super(QuantizedEmbedding, self)._apply(fn, recurse))
-        return self
+        self._bind()
 
     def unscaled_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The dequantized rows [..., K] of `input_ids`, before `embed_scale`: what `weight[input_ids]` is for an
         nn.Embedding (an EAGLE-3 head embeds tokens with this)."""
-        flat = input_ids.reshape(-1)
-        if self.block_meta is not None:
-            tensors = {name.removeprefix("block_"): buffer for name, buffer in self.named_buffers(recurse=False)
-                       if name.startswith("block_")}  # fmt: skip
-            rows = BlockWeight.from_stored(tensors, self.block_meta).rows(flat)
-        elif self.scheme == "int8":
-            rows = Int8Weight(self.codes, self.scales).rows(flat)
-        else:
-            weight = Int4Weight(self.packed, self.scale_zeros, self.group_size, self.planes, self.embedding_dim)
-            rows = weight.rows(flat, self.packed_layout)
+        rows = self._weight.rows(input_ids.reshape(-1))
         return rows.view(*input_ids.shape, self.embedding_dim)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -206,20 +180,6 @@ class QuantizedEmbedding(nn.Module):
         return (
             f"{self.num_embeddings}, {self.embedding_dim}, {self.scheme}, gathers and dequantizes looked-up rows only"
         )
-
-
-_SCALE_BUFFERS = ("scales", "scale_zeros", "block_d", "block_dmin")  # float buffers whose dtype the kernels fix
-
-
-def _apply_keeping_scales(module: nn.Module, apply) -> None:
-    """Run `apply` (nn.Module._apply): a `.to(dtype)` / `.float()` on the model casts every float buffer, but the
-    kernels' scales keep their values and dtype; they follow a device move only."""
-    kept = {name: module._buffers[name] for name in _SCALE_BUFFERS if module._buffers.get(name) is not None}
-    apply()
-    for name, original in kept.items():
-        moved = module._buffers[name]
-        if moved.dtype != original.dtype:
-            setattr(module, name, kernels.aligned(original.to(moved.device)))
 
 
 def why_not_quantizable(out_features: int, in_features: int, scheme: str, group_size: int) -> str:

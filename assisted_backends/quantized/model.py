@@ -39,19 +39,13 @@ from torch import nn
 from assisted_backends import hf_compat
 from assisted_backends.native import extension
 from assisted_backends.quantized import blocks, cache, gguf, kernels
-from assisted_backends.quantized.blocks import BlockWeight
 from assisted_backends.quantized.fusion import fuse_projections
 from assisted_backends.quantized.gguf_header import GGUFHeader, read_header
 from assisted_backends.quantized.hf_config import load_config
 from assisted_backends.quantized.int4_layout import signature
 from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear, why_not_quantizable
-from assisted_backends.quantized.packing import (
-    Int4Weight,
-    Int8Weight,
-    QuantizedWeight,
-    int4_from_float,
-    int8_from_float,
-)
+from assisted_backends.quantized.packing import int4_from_float, int8_from_float
+from assisted_backends.quantized.weights import LinearWeight, format_class
 
 SCHEMES = ("file", "int8", "int4", "dense")
 _FORMAT_VERSION = 2  # bump when the repacking of any format changes (it names the cache file)
@@ -100,7 +94,7 @@ class LoadedGGUF:
 class _Plan:
     """What goes where: quantized weights by module path, tied heads, dense tensors by full name."""
 
-    linears: dict[str, QuantizedWeight | torch.Tensor] = field(default_factory=dict)
+    linears: dict[str, LinearWeight] = field(default_factory=dict)
     tied: dict[str, str] = field(default_factory=dict)  # head module path -> embedding module path
     params: dict[str, torch.Tensor] = field(default_factory=dict)
     report: dict[str, str] = field(default_factory=dict)
@@ -187,7 +181,7 @@ def _uses_blocks(dtype: torch.dtype) -> bool:
 
 def _quantized_weight(
     header, info, scheme, group_size, dtype, order, compact
-) -> tuple[QuantizedWeight | torch.Tensor, str]:
+) -> tuple[LinearWeight | torch.Tensor, str]:
     """The stored form of one matrix and a phrase for the report."""
     rows, columns = info.shape
     if scheme == "file" and _uses_blocks(dtype) and blocks.supported(info.kind, info.shape):
@@ -297,22 +291,10 @@ def _save_plan(path: Path, plan: _Plan) -> None:
     from safetensors.torch import save_file
 
     tensors, linears = {}, {}
-    for module_path, weight in plan.linears.items():
-        if isinstance(weight, BlockWeight):
-            for name, tensor in weight.tensors().items():
-                tensors[f"{module_path}.block_{name}"] = tensor
-            linears[module_path] = {"scheme": "blocks", **weight.meta()}
-        elif isinstance(weight, Int8Weight):
-            tensors[f"{module_path}.codes"], tensors[f"{module_path}.scales"] = weight.codes, weight.scales
-            linears[module_path] = {"scheme": "int8"}
-        else:
-            tensors[f"{module_path}.packed"], tensors[f"{module_path}.scale_zeros"] = weight.packed, weight.scale_zeros
-            linears[module_path] = {
-                "scheme": "int4",
-                "group_size": weight.group_size,
-                "planes": weight.planes,
-                "in_features": weight.in_features,
-            }
+    for module_path, weight in plan.linears.items():  # "<module>.<buffer>", as the layer's state_dict names them
+        for name, tensor in weight.buffers().items():
+            tensors[f"{module_path}.{name}"] = tensor
+        linears[module_path] = {"scheme": weight.format, **weight.meta()}
     for name, tensor in plan.params.items():
         tensors[f"param:{name}"] = tensor.contiguous()
     manifest = {"version": _FORMAT_VERSION, "linears": linears, "tied": plan.tied, "report": plan.report}
@@ -328,22 +310,14 @@ def _load_plan(path: Path) -> _Plan | None:
             return None
         tensors = {key: handle.get_tensor(key) for key in handle.keys()}
     plan = _Plan(tied=manifest["tied"], report=manifest["report"])
+    stored: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        if not key.startswith("param:"):
+            module_path, _, name = key.rpartition(".")
+            stored.setdefault(module_path, {})[name] = tensor
     for module_path, entry in manifest["linears"].items():
-        if entry["scheme"] == "blocks":
-            prefix = f"{module_path}.block_"
-            stored = {key.removeprefix(prefix): value for key, value in tensors.items() if key.startswith(prefix)}
-            meta = {key: value for key, value in entry.items() if key != "scheme"}
-            plan.linears[module_path] = BlockWeight.from_stored(stored, meta)
-        elif entry["scheme"] == "int8":
-            plan.linears[module_path] = Int8Weight(tensors[f"{module_path}.codes"], tensors[f"{module_path}.scales"])
-        else:
-            plan.linears[module_path] = Int4Weight(
-                tensors[f"{module_path}.packed"],
-                tensors[f"{module_path}.scale_zeros"],
-                entry["group_size"],
-                entry["planes"],
-                entry["in_features"],
-            )
+        meta = {key: value for key, value in entry.items() if key != "scheme"}
+        plan.linears[module_path] = format_class(entry["scheme"]).from_buffers(stored[module_path], meta)
     plan.params = {key.removeprefix("param:"): value for key, value in tensors.items() if key.startswith("param:")}
     return plan
 

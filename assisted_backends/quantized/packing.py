@@ -19,6 +19,7 @@ nearest even); every other stored number is a power-of-two multiple of the round
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -30,12 +31,25 @@ from assisted_backends.quantized.int4_layout import Int4Layout, layout
 class Int8Weight:
     """w = q · s per output row: codes int8 [N, K], scales [N] in the compute dtype."""
 
+    format: ClassVar[str] = "int8"
+    kernel: ClassVar[str] = "aten"
+    group_size: ClassVar[int] = 0
+    planes: ClassVar[int] = 1
+
     codes: torch.Tensor
     scales: torch.Tensor
 
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.codes.shape)
+
+    @property
+    def scheme(self) -> str:
+        return "int8"
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.scales.dtype
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Dequantized fp32 rows [R, K], exactly the kernel's fp32 weights."""
@@ -45,10 +59,34 @@ class Int8Weight:
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scales.nbytes
 
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The tensors by buffer name, aligned as the kernel reads them."""
+        return {"codes": kernels.aligned(self.codes), "scales": kernels.aligned(self.scales)}
+
+    def meta(self) -> dict[str, int]:
+        return {}
+
+    @classmethod
+    def from_buffers(cls, buffers: dict[str, torch.Tensor], meta: dict[str, int]) -> Int8Weight:
+        return cls(buffers["codes"], buffers["scales"])
+
+    def product(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [M, K] (compute dtype, aligned, M > 0) · Wᵀ -> [M, N] in the compute dtype."""
+        return kernels.int8_mm(rows, self.codes, self.scales)
+
+    def bind(self, bias: torch.Tensor | None) -> AtenLinear:
+        return AtenLinear(self, bias)
+
+    def describe(self) -> str:
+        return f"int8 (per-row scales), {str(self.compute_dtype).removeprefix('torch.')} compute"
+
 
 @dataclass
 class Int4Weight:
     """Sum of `planes` int4 planes: packed uint8 [N, P·K/2], scale_zeros [P·K/g, N, 2] (compute dtype)."""
+
+    format: ClassVar[str] = "int4"
+    kernel: ClassVar[str] = "aten"
 
     packed: torch.Tensor
     scale_zeros: torch.Tensor
@@ -59,6 +97,14 @@ class Int4Weight:
     @property
     def shape(self) -> tuple[int, int]:
         return (self.scale_zeros.shape[1], self.in_features)
+
+    @property
+    def scheme(self) -> str:
+        return "int4"
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.scale_zeros.dtype
 
     def rows(self, index: torch.Tensor, packed_layout: Int4Layout | None = None) -> torch.Tensor:
         """Dequantized fp32 rows [R, K]: each plane as the kernel's fma, planes summed in fp32."""
@@ -73,6 +119,47 @@ class Int4Weight:
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scale_zeros.nbytes
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The tensors by buffer name, aligned as the kernel reads them."""
+        return {"packed": kernels.aligned(self.packed), "scale_zeros": kernels.aligned(self.scale_zeros)}
+
+    def meta(self) -> dict[str, int]:
+        return {"group_size": self.group_size, "planes": self.planes, "in_features": self.in_features}
+
+    @classmethod
+    def from_buffers(cls, buffers: dict[str, torch.Tensor], meta: dict[str, int]) -> Int4Weight:
+        return cls(buffers["packed"], buffers["scale_zeros"], meta["group_size"], meta["planes"], meta["in_features"])
+
+    def product(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [M, P·K] (the input P times side by side, compute dtype, M > 0) · Wᵀ -> [M, N]: the planes' sum."""
+        return kernels.int4_mm(rows, self.packed, self.group_size, self.scale_zeros)
+
+    def bind(self, bias: torch.Tensor | None) -> AtenLinear:
+        return AtenLinear(self, bias)
+
+    def describe(self) -> str:
+        detail = f"group {self.group_size}, {self.planes} plane(s)"
+        return f"int4 ({detail}), {str(self.compute_dtype).removeprefix('torch.')} compute"
+
+
+@dataclass(frozen=True)
+class AtenLinear:
+    """y = x Wᵀ + b on PyTorch's weight-only kernels: x cast to the compute dtype (P copies side by side for P
+    planes), the product cast back to x's dtype, the bias added in x's dtype."""
+
+    weight: Int8Weight | Int4Weight
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        out_features, in_features = weight.shape
+        rows = kernels.aligned(x.reshape(-1, in_features).to(weight.compute_dtype))
+        if weight.planes > 1:
+            rows = torch.cat([rows] * weight.planes, dim=1)  # [M, P·K]
+        out = rows.new_zeros(0, out_features) if rows.shape[0] == 0 else weight.product(rows)
+        out = out.reshape(*x.shape[:-1], out_features).to(x.dtype)
+        return out if self.bias is None else out + self.bias.to(x.dtype)
 
 
 QuantizedWeight = Int8Weight | Int4Weight

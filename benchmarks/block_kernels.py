@@ -20,11 +20,15 @@ bandwidth too: on a machine shared with other work, the time the scheduler gave 
 left out, so the fractions stay readable where wall-clock ones do not (memory traffic of the neighbours still
 counts).
 
-`--decode`: whole models instead of layers. For each size, the random Q4_0 file of `benchmarks.gguf_scaling`
-(written on first use) decoded greedily by this package (`--new-tokens` tokens after a 16-token prompt, EOS
-ignored) and by llama.cpp's `llama-bench` (tg`--new-tokens` from an empty context, one repetition a run; built by
-`benchmarks.harness.llama_cpp_tools`), alternated `--repeats` times per thread count; medians, the ratio, this
-package's 8-row verify pass in one-token steps, and two threads over one for each engine.
+`--decode`: whole models instead of layers. For each size and `--quants` (Q4_0, or the Q4_K_M-like mix), the random
+file of `benchmarks.gguf_scaling` (written on first use), and each real model of `--models`, decoded greedily by
+this package (`--new-tokens` tokens after a one-token prompt, EOS ignored; a 128-token prompt's prefill) and by
+llama.cpp's `llama-bench` (tg`--new-tokens` from an empty context and pp128, one repetition a run; built by
+`benchmarks.harness.llama_cpp_tools`), alternated `--repeats` times per thread count; medians, the ratios, this
+package's 5- and 8-row verify passes in one-token steps, its load time, and two threads over one for each engine.
+
+    python -m benchmarks.block_kernels --decode --sizes 0.5B 1.5B 3B 7B --quants Q4_0 Q4_K_M \
+        --models smollm2-135m-instruct gemma-3-270m --threads 1 2 --repeats 3
 """
 
 from __future__ import annotations
@@ -37,11 +41,12 @@ import torch
 
 from assisted_backends.native import extension
 from assisted_backends.quantized import blocks, kernels
-from benchmarks.gguf_scaling import SHAPES
+from benchmarks.gguf_scaling import QUANTS, SHAPES
 from benchmarks.harness import RESULTS, command_line, interleaved, write_result
 from benchmarks.harness.memory import read_bandwidth_gbs
 
 ROWS = (1, 2, 4, 5, 8, 16)
+PREFILL = 128  # --decode: prompt tokens of the prefill comparison (llama-bench pp128)
 _BLOCK = {"Q4_0": (32, 18, (0,)), "Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)), "Q6_K": (256, 210, (208,))}
 
 
@@ -112,6 +117,8 @@ def main() -> None:
     parser.add_argument("--cpu-clock", action="store_true", help="time by the thread's CPU time (1 thread only)")
     parser.add_argument("--decode", action="store_true", help="whole models against llama-bench (module docstring)")
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--quants", nargs="*", default=["Q4_0"], choices=QUANTS, help="--decode: random files")
+    parser.add_argument("--models", nargs="*", default=[], help="--decode: real models too (smollm2-135m-instruct ...)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     status = extension.status()
@@ -230,52 +237,73 @@ def prefetch_main(args, status) -> None:
     )
 
 
+def decode_files(args) -> list[tuple[str, str, object]]:
+    """(label, quantization, path) of every file `--decode` measures: the random files of `--sizes` x `--quants`,
+    then the real models of `--models`."""
+    from benchmarks.gguf_scaling import random_file
+    from benchmarks.harness import ensure_real_gguf
+
+    files = [(size, quant, random_file(size, quant)) for size in args.sizes for quant in args.quants]
+    return files + [(name, "file", ensure_real_gguf(name)) for name in args.models]
+
+
 def decode_main(args, status) -> None:
-    """Whole random Q4_0 models: this package's plain decoding against llama-bench's, alternated."""
+    """Whole models, plain greedy decoding and a 128-token prefill: this package against llama-bench, alternated."""
     import statistics
 
     import assisted_backends
-    from benchmarks.gguf_scaling import ours, ours_decoder, random_file
+    from benchmarks.gguf_scaling import ours, ours_decoder
     from benchmarks.harness.llama_cpp_tools import llama_cpp_tools, run_bench
     from benchmarks.harness.steps import step_seconds
 
     tools = llama_cpp_tools()
     prompt = torch.arange(10, 26)[None]
+    long_prompt = torch.arange(300, 300 + PREFILL)[None]
     results = []
-    for size in args.sizes:
-        path = random_file(size, "Q4_0")
-        model, _ = ours(path)
+    for label, quant, path in decode_files(args):
+        model, load_s = ours(path)
         for threads in args.threads:
             assisted_backends.set_threads(threads)
-            decode = ours_decoder(model, prompt, args.new_tokens)
-            decode()  # warm-up
-            ours_tps, peer_tps = [], []
+            decode = ours_decoder(model, prompt[:, :1], args.new_tokens)  # one prompt token: tg's empty context
+            prefill = ours_decoder(model, long_prompt, 1)
+            decode(), prefill()  # warm-up
+            ours_tps, peer_tps, ours_pp, peer_pp = [], [], [], []
             load_before = _loads()
             for _ in range(args.repeats):
                 began = time.perf_counter()
                 decode()
                 ours_tps.append(args.new_tokens / (time.perf_counter() - began))
-                bench = run_bench(path, threads=(threads,), prompts=(), gen=args.new_tokens, repetitions=1, tools=tools)
+                began = time.perf_counter()
+                prefill()
+                ours_pp.append(PREFILL / (time.perf_counter() - began))
+                bench = run_bench(path, threads=(threads,), prompts=(PREFILL,), gen=args.new_tokens, repetitions=1,
+                                  tools=tools)  # fmt: skip
                 peer_tps.append(bench["by_threads"][threads]["decode_tok_s"])
+                peer_pp.append(bench["by_threads"][threads]["prefill_tok_s"][PREFILL])
             step = step_seconds(model, prompt, 1, repeats=5)
             row = {
-                "size": size, "quant": "Q4_0", "threads": threads, "new_tokens": args.new_tokens,
+                "model": label, "quant": quant, "threads": threads, "new_tokens": args.new_tokens,
                 "ours_tok_s": round(statistics.median(ours_tps), 2),
                 "ours_spread": [round(min(ours_tps), 2), round(max(ours_tps), 2)],
                 "llama_bench_tok_s": round(statistics.median(peer_tps), 2),
                 "llama_bench_spread": [round(min(peer_tps), 2), round(max(peer_tps), 2)],
+                "ours_prefill_tok_s": round(statistics.median(ours_pp), 1),
+                "llama_bench_prefill_tok_s": round(statistics.median(peer_pp), 1),
                 "ours_step_ms": round(1e3 * step, 1),
+                "ours_verify_5_in_steps": round(step_seconds(model, prompt, 5, repeats=5) / step, 2),
                 "ours_verify_8_in_steps": round(step_seconds(model, prompt, 8, repeats=5) / step, 2),
+                "ours_load_s": round(load_s, 2), "file_mb": round(path.stat().st_size / 1e6, 1),
                 "load_before": load_before, "load_after": _loads(),
             }  # fmt: skip
             row["ours_vs_llama_bench"] = round(row["ours_tok_s"] / row["llama_bench_tok_s"], 3)
+            row["prefill_vs_llama_bench"] = round(row["ours_prefill_tok_s"] / row["llama_bench_prefill_tok_s"], 3)
             print(row, flush=True)
             results.append(row)
         for one, two in zip(results[-len(args.threads) :], results[-len(args.threads) + 1 :]):
             two["ours_two_over_one"] = round(two["ours_tok_s"] / one["ours_tok_s"], 2)
             two["llama_bench_two_over_one"] = round(two["llama_bench_tok_s"] / one["llama_bench_tok_s"], 2)
         del model
-    payload = {"what": "plain greedy decoding of random Q4_0 files: this package against llama-bench (tg)",
+    payload = {"what": "plain greedy decoding and a 128-token prefill: this package against llama-bench (tg, pp)",
                "kernels": status.line(), "cpu": _cpu(), "llama_cpp_tools": str(tools["llama-bench"]),
                "load_average": _loads(), "results": results}  # fmt: skip
     write_result(

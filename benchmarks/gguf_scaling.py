@@ -3,6 +3,7 @@
     python -m benchmarks.gguf_scaling          # 0.5B, 1.5B, 3B, 7B x Q4_0, Q8_0, 1 and 2 threads
     python -m benchmarks.gguf_scaling --sizes 0.5B --quants Q4_0 --threads 1 --new-tokens 8 --repeats 1   # smoke
     python -m benchmarks.gguf_scaling --quants Q4_K      # the K-quant files (0.5B's 896-wide rows fall back to Q5_0)
+    python -m benchmarks.gguf_scaling --quants Q4_K_M    # llama-quantize's Q4_K_M mix: Q6_K for some v / down / head
 
 Speed does not depend on the weights' values, so each file holds random blocks in the shapes of a
 Llama-family model (0.5B: Qwen2.5-0.5B's, 1.5B: Qwen2.5-1.5B's, 3B: Llama 3.2 3B's, 7B: Llama 2 7B's), written
@@ -52,7 +53,7 @@ SHAPES = {
     "7B": Shape(4096, 11008, 32, 32, 32, 32000, False),
 }
 BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34}  # per 32 weights: an fp16 scale, then 16 bytes of nibbles / 32 int8
-QUANTS = ("Q4_0", "Q8_0", "Q4_K")
+QUANTS = ("Q4_0", "Q8_0", "Q4_K", "Q4_K_M")
 # (weights per block, bytes per block, the fp16 values at its start). Q4_K: d, dmin, 12 bytes of 6-bit scales and
 # mins (any bytes are valid), 128 bytes of nibbles; w = d·sc_j·q − dmin·m_j, centred near 0 by dmin ≈ 7.5·d.
 # Q5_0 (d, 4 bytes of fifth bits, 16 of nibbles) is what llama-quantize gives a Q4_K file's tensors whose rows
@@ -62,8 +63,22 @@ _LAYOUT = {
     "Q8_0": (32, 34, (0.01,)),
     "Q5_0": (32, 22, (0.005,)),
     "Q4_K": (256, 144, (2e-4, 1.5e-3)),
+    "Q6_K": (256, 210, ()),  # ql, qh, 16 int8 sub-scales (any bytes are valid), then d (fp16) at byte 208
 }
-_FALLBACK = {"Q4_K": "Q5_0"}  # llama-quantize's choice when the columns do not divide into 256-weight blocks
+_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
+_Q6_K_D = 1e-4
+
+
+def tensor_kind(quant: str, name: str, layer: int, layers: int) -> str:
+    """The block kind of one matrix: `quant` itself, except in the "Q4_K_M" mix, which follows llama-quantize's
+    Q4_K_M recipe in outline: Q6_K for the output head (the embedding when tied) and for attn_v and ffn_down in
+    the first and last eighth of the layers and every third layer between, Q4_K elsewhere."""
+    if quant != "Q4_K_M":
+        return quant
+    if name in ("output", "token_embd_tied"):
+        return "Q6_K"
+    more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+    return "Q6_K" if name in ("attn_v", "ffn_down") and more_bits else "Q4_K"  # llama-quantize's choice when the columns do not divide into 256-weight blocks
 
 
 def _block_kind(quant: str, columns: int) -> str:
@@ -78,12 +93,15 @@ def _random_blocks(rows: int, columns: int, quant: str, rng: np.random.Generator
     blocks = rows * columns // per_block
     data = rng.integers(0, 256, size=(blocks, size), dtype=np.uint8)
     data[:, : 2 * len(scales)] = np.frombuffer(np.array(scales, dtype=np.float16).tobytes(), dtype=np.uint8)
+    if quant == "Q6_K":
+        data[:, 208:210] = np.frombuffer(np.array([_Q6_K_D], dtype=np.float16).tobytes(), dtype=np.uint8)
     return data.reshape(rows, columns // per_block * size)
 
 
 def write_random_gguf(size: str, quant: str, path: Path, seed: int = 0) -> Path:
     """A Llama-architecture GGUF file of shape SHAPES[size], every matrix `quant` blocks of random codes (Q4_K:
-    matrices whose rows are not a multiple of 256 long in Q5_0, as llama-quantize writes them)."""
+    matrices whose rows are not a multiple of 256 long in Q5_0, as llama-quantize writes them; "Q4_K_M": the mix of
+    `tensor_kind`)."""
     import gguf
 
     shape, rng = SHAPES[size], np.random.default_rng(seed)
@@ -108,26 +126,26 @@ def write_random_gguf(size: str, quant: str, path: Path, seed: int = 0) -> Path:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
 
-    def matrix(name: str, rows: int, columns: int) -> None:
-        block_kind = _block_kind(quant, columns)
+    def matrix(name: str, role: str, rows: int, columns: int, layer: int = -1) -> None:
+        block_kind = _block_kind(tensor_kind(quant, role, layer, shape.layers), columns)
         data = _random_blocks(rows, columns, block_kind, rng)
         writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=getattr(gguf.GGMLQuantizationType, block_kind))
 
     head_dim = shape.hidden // shape.heads
-    matrix("token_embd.weight", shape.vocab, shape.hidden)
+    matrix("token_embd.weight", "token_embd_tied" if shape.tied else "token_embd", shape.vocab, shape.hidden)
     if not shape.tied:
-        matrix("output.weight", shape.vocab, shape.hidden)
+        matrix("output.weight", "output", shape.vocab, shape.hidden)
     writer.add_tensor("output_norm.weight", np.ones(shape.hidden, dtype=np.float32))
     for layer in range(shape.layers):
         writer.add_tensor(f"blk.{layer}.attn_norm.weight", np.ones(shape.hidden, dtype=np.float32))
         writer.add_tensor(f"blk.{layer}.ffn_norm.weight", np.ones(shape.hidden, dtype=np.float32))
-        matrix(f"blk.{layer}.attn_q.weight", shape.hidden, shape.hidden)
-        matrix(f"blk.{layer}.attn_k.weight", shape.kv_heads * head_dim, shape.hidden)
-        matrix(f"blk.{layer}.attn_v.weight", shape.kv_heads * head_dim, shape.hidden)
-        matrix(f"blk.{layer}.attn_output.weight", shape.hidden, shape.hidden)
-        matrix(f"blk.{layer}.ffn_gate.weight", shape.intermediate, shape.hidden)
-        matrix(f"blk.{layer}.ffn_up.weight", shape.intermediate, shape.hidden)
-        matrix(f"blk.{layer}.ffn_down.weight", shape.hidden, shape.intermediate)
+        for role, rows, columns in (
+            ("attn_q", shape.hidden, shape.hidden), ("attn_k", shape.kv_heads * head_dim, shape.hidden),
+            ("attn_v", shape.kv_heads * head_dim, shape.hidden), ("attn_output", shape.hidden, shape.hidden),
+            ("ffn_gate", shape.intermediate, shape.hidden), ("ffn_up", shape.intermediate, shape.hidden),
+            ("ffn_down", shape.hidden, shape.intermediate),
+        ):  # fmt: skip
+            matrix(f"blk.{layer}.{role}.weight", role, rows, columns, layer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -61,7 +61,7 @@ def _generate_arguments() -> set[str]:
 
     named = ModelSetup.names() | set(inspect.signature(AssistedGenerator.plan).parameters)
     fields = {name for name in GenerationConfig().to_dict() if not name.startswith("_")}
-    return (named - {"model", "input_ids", "arguments", "kwargs", "self", "streaming"}) | fields
+    return (named - {"model", "input_ids", "arguments", "kwargs", "self", "streaming", "queue"}) | fields
 
 
 def enable(model: torch.nn.Module, **defaults: Any) -> torch.nn.Module:

@@ -37,7 +37,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from assisted_backends.api import threads as cpu_threads
-from assisted_backends.api.plan import CallSettings, GenerationPlan, plan_generation
+from assisted_backends.api.plan import CallSettings, GenerationPlan, QueueShape, plan_generation
 from assisted_backends.api.queue import DEFAULT_SLOTS, PromptLike, QueueResult, as_prompts, generate_many
 from assisted_backends.api.run import GenerateResult, launched_ranks, run
 from assisted_backends.backends.base import Backend, BackendOptions, unprepared
@@ -46,6 +46,7 @@ from assisted_backends.drafters.suffix.cache import SuffixCache, cache_for
 from assisted_backends.loading import models
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
+from assisted_backends.options.errors import refusal
 
 __all__ = ["AssistedGenerator", "GenerateResult", "ModelSetup", "generate", "generate_queue"]
 
@@ -93,11 +94,7 @@ def check_materialized(model: Any, argument: str) -> None:
     if not callable(parameters):
         return
     if any(parameter.is_meta for parameter in parameters()):
-        raise ValueError(
-            f"{argument}: its weights are on the meta device (shapes without values); load it with real weights "
-            "(from_pretrained without device_map='meta' or init_empty_weights, or load_state_dict(..., assign=True)) "
-            "before generating"
-        )
+        raise refusal("meta_weights", name=argument)
 
 
 class AssistedGenerator:
@@ -158,10 +155,12 @@ class AssistedGenerator:
         static_shapes: bool = False,
         streaming: bool = False,
         suffix_cache: SuffixCache | bool | None = None,
+        queue: QueueShape | None = None,
         **kwargs: Any,
     ) -> GenerationPlan:
         """The plan of `generate(input_ids, ...)` with these arguments; nothing runs. `suffix_cache` (None: the
-        generator's own) as `generate` takes it."""
+        generator's own) as `generate` takes it; `queue`: the shape of a queue whose first batch `input_ids` is
+        (`api.queue`)."""
         cache = self.suffix_cache if suffix_cache is None else cache_for(suffix_cache, self.model)
         return plan_generation(
             self.model,
@@ -180,6 +179,7 @@ class AssistedGenerator:
             logits_processor=logits_processor,
             prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
             multi_rank=launched_ranks() is not None,
+            queue=queue,
         )
 
     def generate(self, input_ids: torch.Tensor | None = None, *, streamer=None, **arguments: Any) -> GenerateResult:

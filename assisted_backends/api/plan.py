@@ -2,12 +2,15 @@
 
 A call resolves into: its options (`options.resolve`: precedence, lengths, special tokens, criteria),
 the drafter (`drafters.factory.plan_drafting`), the schedule (`engine.schedule.choose_schedule`), and
-the shapes the backend asks for (cache layout, bucket padding, filler rows, capacity). Nothing here
-runs or moves a model: a test can inspect a plan, and `api.run.run` executes it.
+the shapes the backend asks for (cache layout, bucket padding, filler rows, capacity). A queue of prompts
+(`api.queue`) plans here too, its shape (`QueueShape`) an input. Every refusal of a call is raised here or
+below (`options.fields` holds them), before a model is prepared: `api.run.run` executes what planning
+accepted. Nothing here runs or moves a model: a test can inspect a plan.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,16 +18,35 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from assisted_backends.backends.base import Backend, PaddingPolicy
-from assisted_backends.drafters.factory import SUFFIX_MAX_GAMMA, DraftSpec, plan_drafting
-from assisted_backends.engine.kv_cache import bucketed
+from assisted_backends.drafters.factory import DraftSpec, drafting_request, plan_drafting
 from assisted_backends.engine.schedule import ScheduleSpec, choose_schedule
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
-from assisted_backends.options.errors import OptionError
+from assisted_backends.options.errors import refusal
+from assisted_backends.options.fields import (
+    DEFAULT_NUM_ASSISTANT_TOKENS,
+    MAX_ADAPTIVE_GAMMA,
+    QUEUE_REFUSED,
+    SUFFIX_MAX_GAMMA,
+)
 from assisted_backends.options.resolve import GenerationOptions, resolve
 
-DEFAULT_NUM_ASSISTANT_TOKENS = 4  # γ of the constant schedule when none is given
-MAX_ADAPTIVE_GAMMA = 8  # the adaptive schedule's largest γ when num_assistant_tokens is not given
+
+@dataclass(frozen=True)
+class QueueShape:
+    """A queue of prompts (`api.queue`), as planning takes it: `slots` batch rows, each refilled as its row ends,
+    for `prompts` prompts whose longest is `longest` tokens (the buffer's width; the schedule's horizon is the
+    tokens each slot makes over the queue). A live queue (`context` given: prompts keep arriving, each with its own
+    limit) has a buffer of `context` columns and no horizon."""
+
+    slots: int
+    prompts: int
+    longest: int
+    context: int | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.context is not None
 
 
 @dataclass(frozen=True)
@@ -91,30 +113,6 @@ def batch_bucket(batch: int) -> int:
     return 1 << (batch - 1).bit_length()
 
 
-def capacity_and_keys(
-    width: int, max_new_tokens: int, schedule: ScheduleSpec | None, layout: str, bucket: int
-) -> tuple[int, int]:
-    """(capacity, keys): the token buffer's columns for prompts `width` columns wide (padding included) and
-    `max_new_tokens`, with room for one round's γ + 1 lookahead; the keys a model attends over, which is the
-    preallocated static cache, else at most the committed sequence."""
-    lookahead = (schedule.gamma + 1) if schedule is not None else 1
-    capacity = width + max_new_tokens + lookahead
-    return capacity, bucketed(capacity, bucket) if layout == "static" else capacity - lookahead
-
-
-def check_target_length(facts: ModelFacts, real_prompt: int, max_new_tokens: int, cache_length: int) -> None:
-    """Refuse before generating when the positions or the attended keys (padding included) exceed what the
-    target's config allows."""
-    ranges.check_positions(real_prompt, max_new_tokens, facts.max_positions)
-    if facts.key_limit is not None and cache_length > facts.key_limit[1]:
-        raise OptionError(
-            f"the target would attend over {cache_length} cached positions (prompt with padding + {{name}}, the "
-            f"whole preallocated cache under the static layout) but its config's {facts.key_limit[0]} is "
-            f"{facts.key_limit[1]}; shorten the prompt or lower {{name}}",
-            name="max_new_tokens",
-        )
-
-
 def plan_generation(
     model: PreTrainedModel,
     facts: ModelFacts,
@@ -133,8 +131,10 @@ def plan_generation(
     logits_processor: Any = None,
     prefix_allowed_tokens_fn: Any = None,
     multi_rank: bool = False,
+    queue: QueueShape | None = None,
 ) -> GenerationPlan:
-    """Resolve one call into a `GenerationPlan` (no model runs)."""
+    """Resolve one call (or a queue's, `queue` its shape) into a `GenerationPlan` (no model runs); every refusal
+    is raised here."""
     seed = ranges.check_integer("seed", settings.seed)
     ranges.check_shapes(settings.cache_layout, settings.static_shapes, settings.schedule, None)
     facts.check_rollback("target")
@@ -143,23 +143,22 @@ def plan_generation(
         logits_processor, prefix_allowed_tokens_fn,
     )  # fmt: skip
     batch = options.input_ids.shape[0]
-    if settings.streaming and batch > 1:
-        raise OptionError(
-            f"streamer= streams one sequence, but input_ids holds {batch} rows; drop streamer= or generate one "
-            "prompt at a time",
-            name="streamer",
-        )
+    ranges.check_streaming(settings.streaming, batch)
+    if queue is not None:
+        check_queue_options(options)
     fields = options.drafting
-    ranges.check_drafting({"assistant_model": assistant_model, **vars(fields), "suffix_cache": settings.suffix_cache})
-    draft = plan_drafting(
-        facts, assistant_model, draft_facts, tokenizer, assistant_tokenizer,
-        fields.prompt_lookup_num_tokens, fields.assistant_early_exit, settings.suffix_cache,
+    request = drafting_request(
+        assistant_model, fields.prompt_lookup_num_tokens, fields.assistant_early_exit, settings.suffix_cache,
+        fields.num_assistant_tokens,
     )  # fmt: skip
     padding = backend.padding(settings.static_shapes)
     static = padding.static_shapes
+    draft = plan_drafting(
+        facts, request, assistant_model, draft_facts, tokenizer, assistant_tokenizer, settings.suffix_cache, static
+    )
     schedule = None
     if draft.speculates:
-        gamma = fields.num_assistant_tokens
+        gamma = request.num_assistant_tokens
         if draft.lookup_tokens is not None and gamma is not None:
             gamma = draft.lookup_tokens  # γ fixed at the lookup's count, as transformers uses it
         schedule = choose_schedule(
@@ -170,17 +169,24 @@ def plan_generation(
             draft.lookup_tokens or (SUFFIX_MAX_GAMMA if draft.kind == "suffix" else MAX_ADAPTIVE_GAMMA),
             cost_prior=draft.cost_ratio,
             seeded_sampling=options.sampling.do_sample and seed is not None,
-            horizon=options.max_new_tokens,
+            horizon=_horizon(options.max_new_tokens, queue),
             prompt_pass_prior=draft.prompt_pass_ratio,
             acceptance_prior=draft.acceptance_prior,
         )
     layout = "static" if static else (settings.cache_layout or backend.cache_layout_for(model, assistant_model))
     prompt_length = options.input_ids.shape[1]
     bucket_pad = (-prompt_length) % padding.bucket if static else 0
-    capacity, cache_length = capacity_and_keys(
-        prompt_length + bucket_pad, options.max_new_tokens, schedule, layout, padding.bucket
+    gamma = schedule.gamma if schedule is not None else None
+    longest = prompt_length - min(options.user_pad)  # the longest prompt without its padding
+    width = prompt_length + bucket_pad
+    if queue is not None and not queue.live:
+        longest, width = queue.longest, max(width, queue.longest)
+    capacity, cache_length = ranges.capacity_and_keys(
+        width, options.max_new_tokens, gamma, layout == "static", padding.bucket
     )
-    check_target_length(facts, prompt_length - min(options.user_pad), options.max_new_tokens, cache_length)
+    ranges.check_target_length(longest, options.max_new_tokens, cache_length, facts.max_positions, facts.key_limit)
+    if queue is not None and queue.live:  # every prompt plus its own limit fits in `context` (the caller checks)
+        capacity, _ = ranges.capacity_and_keys(queue.context, 0, gamma, layout == "static", padding.bucket)
     wants_outputs = options.outputs.scores or options.outputs.logits
     return GenerationPlan(
         options=options,
@@ -194,3 +200,24 @@ def plan_generation(
         head_on_demand=backend.head_on_demand and not static and not multi_rank and not wants_outputs,
         seed=seed,
     )
+
+
+def check_queue_options(options: GenerationOptions) -> None:
+    """What a queue of prompts cannot serve per prompt, refused by name (`options.fields.QUEUE_REFUSED`): outputs,
+    a prefix function (its batch_id would not name the prompt), a limit that counts the prompt."""
+    asked = {
+        "output_scores": options.outputs.scores,
+        "output_logits": options.outputs.logits,
+        "prefix_allowed_tokens_fn": options.prefix_allowed_tokens_fn is not None,
+        "max_length": options.limit_counts_prompt,
+    }
+    for name, value in asked.items():
+        if value:
+            raise refusal("queue_refused", {"reason": QUEUE_REFUSED[name]}, name=name)
+
+
+def _horizon(max_new_tokens: int, queue: QueueShape | None) -> int | None:
+    """The tokens the schedule plans for: the call's, a queue's slot's over the whole queue, none for a live queue."""
+    if queue is None:
+        return max_new_tokens
+    return None if queue.live else max_new_tokens * math.ceil(queue.prompts / queue.slots)

@@ -24,8 +24,6 @@ over after every round. One call lasts while rows generate; the caller calls aga
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,17 +31,15 @@ from typing import Any, Protocol
 import torch
 from transformers import PreTrainedModel
 
-from assisted_backends.api.plan import GenerationPlan, batch_bucket, capacity_and_keys, check_target_length
+from assisted_backends.api.plan import GenerationPlan, QueueShape, batch_bucket
 from assisted_backends.api.run import QueueSettings, decode_plan
 from assisted_backends.backends.base import Backend
 from assisted_backends.engine.joins import Arrival, PromptQueue, Refill
 from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
-from assisted_backends.options.errors import OptionError
-from assisted_backends.options.fields import QUEUE_REFUSED
+from assisted_backends.options.errors import refusal
 from assisted_backends.options.processors import row_logits_processors
-from assisted_backends.options.resolve import user_set
 
 
 class LiveSource(Protocol):
@@ -60,14 +56,17 @@ class LiveSource(Protocol):
 
 class Planner(Protocol):
     """What a queue needs of its caller's `AssistedGenerator` (`api.generation`, which calls this module): the
-    models, their facts and backend, and a plan per batch."""
+    models, their facts and backend, and the plan of its first batch with the queue's shape (`plan_generation`,
+    as every call plans)."""
 
     model: PreTrainedModel
     assistant_model: PreTrainedModel | None
     facts: ModelFacts
     backend: Backend
 
-    def plan(self, input_ids: torch.Tensor | None = None, **arguments: Any) -> GenerationPlan: ...
+    def plan(
+        self, input_ids: torch.Tensor | None = None, *, queue: QueueShape | None = None, **arguments: Any
+    ) -> GenerationPlan: ...
 
 
 DEFAULT_SLOTS = 8
@@ -93,8 +92,7 @@ def as_prompts(prompts: Iterable[PromptLike]) -> list[torch.Tensor]:
     [1, P] tensor, or a tokenized dataset's row: a mapping with `input_ids`)."""
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() != 2:
-            raise OptionError(f"{{name}} as a tensor must be [N, P] (one prompt per row), got {list(prompts.shape)}",
-                              name="prompts")  # fmt: skip
+            raise refusal("queue_tensor", {"shape": list(prompts.shape)}, name="prompts")
         items: list = list(prompts.unbind(0))
     else:
         items = list(prompts)
@@ -104,16 +102,15 @@ def as_prompts(prompts: Iterable[PromptLike]) -> list[torch.Tensor]:
 def _one_prompt(item: PromptLike, index: int) -> torch.Tensor:
     if isinstance(item, Mapping):
         if "input_ids" not in item:
-            raise OptionError(f"{{name}}[{index}] is a mapping without 'input_ids'", name="prompts")
+            raise refusal("queue_mapping", {"index": index}, name="prompts")
         item = item["input_ids"]
     ids = torch.as_tensor(item)
     if ids.dim() == 2 and ids.shape[0] == 1:
         ids = ids[0]
     if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex():
-        raise OptionError(f"{{name}}[{index}] must be token ids (a list of ints or a 1-D integer tensor)",
-                          name="prompts")  # fmt: skip
+        raise refusal("queue_ids", {"index": index}, name="prompts")
     if ids.numel() == 0:
-        raise OptionError(f"{{name}}[{index}] is empty: every prompt needs at least one token", name="prompts")
+        raise refusal("queue_empty_prompt", {"index": index}, name="prompts")
     return ids.long()
 
 
@@ -128,56 +125,12 @@ def left_padded(prompts: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Ten
     return ids, mask
 
 
-def _refuse(name: str) -> OptionError:
-    """What a queue cannot serve (`options.fields.QUEUE_REFUSED`), named."""
-    return OptionError(f"{{name}} is not served by a queue of prompts: {QUEUE_REFUSED[name]}", name=name)
-
-
-def _refuse_per_batch(arguments: dict[str, Any], on_finish) -> None:
-    for name in ("input_ids", "attention_mask", "token_type_ids", "position_ids", "streamer"):
-        if arguments.get(name) is not None:
-            raise _refuse(name)
-    if on_finish is not None and not callable(on_finish):
-        raise OptionError("{name} must be callable as on_finish(index, tokens)", name="on_finish")
-
-
-def _refuse_in_plan(plan: GenerationPlan, generator: Planner, arguments: dict[str, Any]) -> None:
-    """What the first batch's plan accepted but a queue cannot honour per prompt."""
-    options = plan.options
-    if options.outputs.scores or options.outputs.logits:
-        raise _refuse("output_scores" if options.outputs.scores else "output_logits")
-    if options.prefix_allowed_tokens_fn is not None:
-        raise _refuse("prefix_allowed_tokens_fn")
-    explicit = {k: v for k, v in arguments.items() if k not in ("generation_config",)}
-    configs = (arguments.get("generation_config"), getattr(generator.model, "generation_config", None))
-    length_set = user_set("max_length", explicit, *configs) is not None
-    if options.config.max_new_tokens is None and (length_set or options.criteria.max_length is not None):
-        raise _refuse("max_length")
-
-
-def _queue_plan(plan: GenerationPlan, generator: Planner, prompts: list[torch.Tensor], slots: int):
-    """The first batch's plan with the queue's capacity (its longest prompt) and the schedule's horizon (the
-    tokens each slot makes over the whole queue), the longest prompt checked against the target's positions."""
-    options = plan.options
-    longest = max(p.shape[0] for p in prompts)
-    first_width = options.input_ids.shape[1] + plan.bucket_pad
-    capacity, cache_length = capacity_and_keys(
-        max(first_width, longest), options.max_new_tokens, plan.schedule, plan.layout, plan.padding.bucket
-    )
-    check_target_length(generator.facts, longest, options.max_new_tokens, cache_length)
-    schedule = plan.schedule
-    if schedule is not None and schedule.horizon is not None:
-        schedule = dataclasses.replace(schedule, horizon=options.max_new_tokens * math.ceil(len(prompts) / slots))
-    return dataclasses.replace(plan, capacity=capacity, schedule=schedule)
-
-
 def _processors(generator: Planner, plan: GenerationPlan, prompt: torch.Tensor) -> list:
     """The processors `model.generate` builds for `prompt` [P] alone."""
     options = plan.options
-    config_limit = options.config.max_length - options.input_ids.shape[1]  # max_new_tokens (max_length refused)
-    device = generator.backend.device
-    custom = list(options.custom_processors)
-    return row_logits_processors(generator.model, options.config, prompt[None], [0], config_limit, device, custom)[0]
+    device, custom = generator.backend.device, list(options.custom_processors)
+    return row_logits_processors(generator.model, options.config, prompt[None], [0], options.config_limit, device,
+                                 custom)[0]  # fmt: skip
 
 
 def _arrivals(generator: Planner, plan: GenerationPlan, prompts: list[torch.Tensor], first: int) -> Iterator[Arrival]:
@@ -200,17 +153,16 @@ def generate_many(
     """Generate after every prompt of `prompts` through `slots` batch rows (see the module docstring);
     `on_finish(i, tokens)` is called as prompt i ends, in the order they end."""
     slots = ranges.check_integer("slots", slots, minimum=1)
-    _refuse_per_batch(arguments, on_finish)
+    ranges.check_queue_arguments(arguments, on_finish)
     queue = as_prompts(prompts)
     if not queue:
-        raise OptionError("{name} is empty: nothing to generate", name="prompts")
+        raise refusal("queue_empty", name="prompts")
     if generator.backend.padding(bool(arguments.get("static_shapes", False))).static_shapes:
         slots = batch_bucket(slots)  # static shapes run the batch bucket: every slot serves a prompt
     first = min(slots, len(queue))
     input_ids, mask = left_padded(queue[:first], 0)
-    plan = generator.plan(input_ids, attention_mask=mask, **arguments)
-    _refuse_in_plan(plan, generator, arguments)
-    plan = _queue_plan(plan, generator, queue, slots)
+    shape = QueueShape(slots, len(queue), max(p.shape[0] for p in queue))
+    plan = generator.plan(input_ids, attention_mask=mask, queue=shape, **arguments)
     refill = Refill(
         PromptQueue(_arrivals(generator, plan, queue, first), len(queue) - first),
         plan.options.pad_id,
@@ -260,21 +212,15 @@ def generate_live(
     `arguments` are `generate`'s options shared by every row (sampling, drafting, schedule); the dynamic
     layout only (static shapes keep one batch bucket and are refused)."""
     slots = ranges.check_integer("slots", slots, minimum=1)
-    _refuse_per_batch(arguments, on_finish)
-    if arguments.get("static_shapes"):
-        raise OptionError("{name} is not served by a live queue (its batch grows and shrinks); drop it",
-                          name="static_shapes")  # fmt: skip
+    ranges.check_queue_arguments(arguments, on_finish, live=True)
     first = [source.take() for _ in range(min(slots, source.pending()))]
     if not first:
-        raise OptionError("{name} has nothing pending: call when a prompt has arrived", name="source")
+        raise refusal("live_nothing", name="source")
     prompts = [prompt for _, prompt, _ in first]
     input_ids, mask = left_padded(prompts, 0)
     arguments.pop("max_new_tokens", None)  # each row's own limit; the plan's is the smallest
-    plan = generator.plan(input_ids, attention_mask=mask, max_new_tokens=1, **arguments)
-    _refuse_in_plan(plan, generator, {**arguments, "max_new_tokens": 1})
-    capacity, _ = capacity_and_keys(context, 0, plan.schedule, plan.layout, plan.padding.bucket)
-    schedule = dataclasses.replace(plan.schedule, horizon=None) if plan.schedule is not None else None
-    plan = dataclasses.replace(plan, capacity=capacity, schedule=schedule)
+    shape = QueueShape(slots, len(prompts), max(p.shape[0] for p in prompts), context)
+    plan = generator.plan(input_ids, attention_mask=mask, max_new_tokens=1, queue=shape, **arguments)
     refill = Refill(_LiveQueue(source, generator, plan), plan.options.pad_id, None, on_finish, slots, on_progress,
                     on_round=on_round)  # fmt: skip
     refill.limits.update({index: limit for index, _, limit in first})

@@ -14,11 +14,7 @@ from typing import Any, NoReturn
 
 from assisted_backends.options import ranges
 from assisted_backends.options.errors import NO_VALUE, OptionError, api_spelling
-
-# api/plan.py's DEFAULT_NUM_ASSISTANT_TOKENS and MAX_ADAPTIVE_GAMMA (that module imports torch; a test keeps
-# these equal to it)
-DEFAULT_GAMMA = 4
-MAX_ADAPTIVE_GAMMA = 8
+from assisted_backends.options.fields import DEFAULT_NUM_ASSISTANT_TOKENS, MAX_ADAPTIVE_GAMMA
 
 # The flag of each `generate` option (errors name options; the CLI says them as the flags the user typed).
 FLAGS = {
@@ -44,6 +40,7 @@ FLAGS = {
     "seed": "--seed",
     "input_ids": "the prompt",
     "streamer": "--stream",
+    "batch_size": "--batch-size",
 }
 
 
@@ -256,7 +253,7 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
         default=None,
         help=f"draft length γ. Given: γ stays fixed (the constant schedule; with --schedule adaptive, the cap). "
         f"Not given: the adaptive schedule picks γ from 0 to {MAX_ADAPTIVE_GAMMA} before every round; a constant "
-        f"schedule (--schedule constant, --static-shapes, --do_sample --seed) uses {DEFAULT_GAMMA}",
+        f"schedule (--schedule constant, --static-shapes, --do_sample --seed) uses {DEFAULT_NUM_ASSISTANT_TOKENS}",
     )
     decoding.add_argument(
         "--schedule",
@@ -344,29 +341,37 @@ def build_parser(devices: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def assistant_kind(args: argparse.Namespace) -> ranges.AssistantKind | None:
+    """What --assistant-model names, as `options.ranges.check_drafting` takes it: an EAGLE-3 head's checkpoint is
+    read (torch) only where it matters, with --prompt-lookup or --suffix-cache beside it."""
+    if args.assistant_model is None:
+        return None
+    if args.prompt_lookup is not None or args.suffix_cache:
+        from assisted_backends.drafters.eagle.checkpoint import is_eagle_checkpoint  # torch: only when both are given
+
+        if is_eagle_checkpoint(args.assistant_model):  # a head takes lookup (or suffix) matches first
+            return "eagle_head"
+    return "draft_model"
+
+
 def validate(args: argparse.Namespace) -> None:
     """Reject flag combinations that cannot work, with the fix in the message. The rules `generate` has for
     its options are `options.ranges`' (their errors name the option; the CLI says its flag)."""
     for option in ("max_new_tokens", "num_assistant_tokens", "bucket_size"):
         ranges.check_integer(option, getattr(args, option), minimum=1)
-    given = {
-        "assistant_model": args.assistant_model,
-        "prompt_lookup_num_tokens": args.prompt_lookup,
-        "assistant_early_exit": args.assistant_early_exit,
-        "num_assistant_tokens": args.num_assistant_tokens,
-        "suffix_cache": args.suffix_cache or None,
-    }
-    if args.assistant_model is not None and (args.prompt_lookup is not None or args.suffix_cache):
-        from assisted_backends.drafters.eagle.checkpoint import is_eagle_checkpoint  # torch: only when both are given
-
-        if is_eagle_checkpoint(args.assistant_model):  # a head takes lookup (or suffix) matches first
-            given["assistant_model"] = argparse.Namespace(takes_prompt_lookup=True)
-    ranges.check_drafting(given)
+    request = ranges.check_drafting(
+        {
+            "assistant_model": assistant_kind(args),
+            "prompt_lookup_num_tokens": args.prompt_lookup,
+            "assistant_early_exit": args.assistant_early_exit,
+            "num_assistant_tokens": args.num_assistant_tokens,
+            "suffix_cache": args.suffix_cache,
+        }
+    )
     ranges.check_shapes(None, args.static_shapes, args.schedule, args.bucket_size)
     ranges.check_sampling(args.do_sample, args.temperature, args.top_k, args.top_p, args.repetition_penalty)
-    drafters = [FLAGS[name] for name in ranges.DRAFTING_OPTIONS if given[name] is not None]
-    if args.no_assisted and drafters:
-        raise ValueError(f"--no-assisted conflicts with {drafters[0]}; drop one of them")
+    if args.no_assisted and request.option is not None:
+        raise ValueError(f"--no-assisted conflicts with {FLAGS[request.option]}; drop one of them")
     if args.no_assisted and args.compare:
         raise ValueError("--compare already runs plain decoding next to assisted; drop --no-assisted")
     if args.compare and args.task != "benchmark":
@@ -375,8 +380,7 @@ def validate(args: argparse.Namespace) -> None:
         raise ValueError("--plot draws the speedup per case and needs --task benchmark --compare")
     if args.prompt is not None and args.prompt_file is not None:
         raise ValueError("give either --prompt or --prompt-file, not both")
-    if args.batch_size > 1 and args.stream:
-        raise ValueError("--stream prints one sequence as it grows; drop it with --batch-size > 1")
+    ranges.check_streaming(bool(args.stream), args.batch_size, rows_option="batch_size")
     if args.task == "benchmark" and (args.chat or args.system is not None or args.stream):
         raise ValueError("--chat, --system and --stream belong to --task generate")
     if args.task == "generate" and (args.prompt_lengths or args.new_tokens or args.quick):

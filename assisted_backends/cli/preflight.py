@@ -21,6 +21,7 @@ from assisted_backends.cli.loading import default_drafting
 from assisted_backends.cli.model_files import ModelFiles
 from assisted_backends.extras import install_hint
 from assisted_backends.options import ranges
+from assisted_backends.options.fields import DRAFTER_FIELDS
 
 INSTALL_PLOT = install_hint("plot")
 
@@ -142,9 +143,6 @@ def check_length(args: argparse.Namespace, target: ModelFiles) -> None:
     ranges.check_positions(prompt, new, limit, "new_tokens" if args.task == "benchmark" else "max_new_tokens")
 
 
-SAVED_DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit")  # a checkpoint may ask for these itself
-
-
 def check_default_draft(args: argparse.Namespace, target: ModelFiles) -> None:
     """-m without a drafter: the family's default draft where it suits and is on this machine, else suffix decoding
     (`loading.default_drafting`, decided from the files: no download, no torch); kept on `args.default_drafting`
@@ -153,7 +151,7 @@ def check_default_draft(args: argparse.Namespace, target: ModelFiles) -> None:
         return
     if args.prompt_lookup or args.assistant_early_exit or args.suffix_cache or "model_type" not in target.config:
         return
-    if any(target.generation_config.get(field) for field in SAVED_DRAFTING):
+    if any(target.generation_config.get(field) for field in DRAFTER_FIELDS):  # a checkpoint may ask for these
         return
     args.default_drafting = default_drafting(args.model, target.config["model_type"], target.parameters)
 

@@ -17,7 +17,6 @@ from assisted_backends.backends import Backend, BackendOptions, resolve_backend
 from assisted_backends.backends.base import unprepared
 from assisted_backends.backends.cpu import affinity
 from assisted_backends.cli.loading import default_drafting
-from assisted_backends.cli.preflight import SAVED_DRAFTING
 from assisted_backends.cli.threads import ThreadChoice, initial_choice, probe, probe_applies
 from assisted_backends.demo.pair import NOTICE, SMOKE_BUDGET, DemoBudget, ensure_demo_pair, shipped_pair
 from assisted_backends.distributed import launch as distributed
@@ -27,6 +26,7 @@ from assisted_backends.drafters.suffix.cache import SuffixCache
 from assisted_backends.loading.files import find_gguf
 from assisted_backends.loading.models import load_model, load_tokenizer, saved_generation_config
 from assisted_backends.options.errors import OptionError
+from assisted_backends.options.fields import DRAFTER_FIELDS
 
 SMOKE_NOTICE = (
     "note: using a SMOKE demo pair ({target} target, {draft} draft, a few training steps on a small text sample): "
@@ -192,9 +192,9 @@ def _pick_models(args: argparse.Namespace, notices: list[str]) -> tuple[str, str
     if not wants_draft_model:
         return args.model, None, None
     saved = saved_generation_config(args.model, "-m/--model")
-    if args.assistant_model is None and any(saved.get(field) for field in SAVED_DRAFTING):
+    if args.assistant_model is None and any(saved.get(field) for field in DRAFTER_FIELDS):
         notices.append("note: drafting as the model's generation_config.json asks (" + ", ".join(
-            f"{field}={saved[field]}" for field in SAVED_DRAFTING if saved.get(field)) + ")")  # fmt: skip
+            f"{field}={saved[field]}" for field in DRAFTER_FIELDS if saved.get(field)) + ")")  # fmt: skip
         return args.model, None, None
     if args.assistant_model is not None:
         return args.model, args.assistant_model, None

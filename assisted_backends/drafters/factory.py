@@ -1,4 +1,5 @@
-"""Which drafter a call gets (`plan_drafting`, at planning) and building it (`build_drafter`, at run time).
+"""Which drafter a call gets (`plan_drafting`, at planning: every refusal there) and building it (`build_drafter`, at
+run time, from what planning accepted).
 
 - `assistant_model` sharing the target's vocabulary: `ModelDrafter` (a small LM with its own cache).
 - `assistant_model` with another vocabulary (`tokenizer=` and `assistant_tokenizer=` given):
@@ -33,10 +34,11 @@ from assisted_backends.engine.drafter import Drafter
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
-from assisted_backends.options.errors import OptionError
+from assisted_backends.options.errors import refusal
+from assisted_backends.options.fields import SUFFIX_MAX_GAMMA
+from assisted_backends.options.ranges import AssistantKind, DraftingRequest
 
 DraftKind = Literal["none", "draft_model", "translated", "prompt_lookup", "early_exit", "eagle", "suffix"]
-SUFFIX_MAX_GAMMA = 12  # the adaptive schedule's largest γ for the suffix drafter (long matches propose long spans)
 RunnerFactory = Callable[..., ModelRunner]  # (model, rows=None, limit=None): a runner over those batch rows
 
 
@@ -88,37 +90,64 @@ def _translation_needed(target: ModelFacts, draft: ModelFacts, tokenizer: Any, a
     return tokenizer.get_vocab() != assistant_tokenizer.get_vocab()
 
 
+def assistant_kind(assistant_model: Any) -> AssistantKind | None:
+    """What `assistant_model` is, as `options.ranges.check_drafting` takes it: an EAGLE-3 head, a draft model, or
+    None."""
+    if assistant_model is None:
+        return None
+    return "eagle_head" if isinstance(assistant_model, Eagle3Head) else "draft_model"
+
+
+def drafting_request(
+    assistant_model: Any,
+    lookup_tokens: int | None = None,
+    exit_layers: int | None = None,
+    suffix_cache: Any = None,
+    num_assistant_tokens: int | None = None,
+) -> DraftingRequest:
+    """The drafting a call asked for, checked and stated (`options.ranges.check_drafting`)."""
+    return ranges.check_drafting(
+        {
+            "assistant_model": assistant_kind(assistant_model),
+            "prompt_lookup_num_tokens": lookup_tokens,
+            "assistant_early_exit": exit_layers,
+            "suffix_cache": suffix_cache,
+            "num_assistant_tokens": num_assistant_tokens,
+        }
+    )
+
+
 def plan_drafting(
     target: ModelFacts,
+    request: DraftingRequest,
     assistant_model: PreTrainedModel | None,
     draft: ModelFacts | None,
     tokenizer: Any,
     assistant_tokenizer: Any,
-    lookup_tokens: int | None,
-    exit_layers: int | None,
     suffix_cache: SuffixCache | None = None,
+    static_shapes: bool = False,
 ) -> DraftSpec:
-    """The `DraftSpec` for what the caller asked (one way of drafting at most: `options.ranges`, or an EAGLE head
-    and prompt lookup or the suffix drafter)."""
-    if isinstance(assistant_model, Eagle3Head):
+    """The `DraftSpec` for `request` (`drafting_request`), every refusal raised here, before a model is prepared:
+    `build_drafter` builds what this accepts. `static_shapes`: the backend's (a draft of another tokenizer cannot
+    keep them)."""
+    if request.drafter == "eagle":
         eagle.check_head(assistant_model, target)
         costs = eagle.draft_costs(assistant_model, target)
-        if suffix_cache is not None:
+        if request.suffix:
             return DraftSpec("eagle", assistant_model, combined_lookup=SUFFIX_MAX_GAMMA, suffix_cache=suffix_cache,
                              **costs)  # fmt: skip
-        return DraftSpec("eagle", assistant_model, combined_lookup=lookup_tokens, **costs)
-    if suffix_cache is not None:
+        return DraftSpec("eagle", assistant_model, combined_lookup=request.lookup_tokens, **costs)
+    if request.drafter == "suffix":
         return DraftSpec("suffix", suffix_cache=suffix_cache, cost_ratio=0.0)
-    if lookup_tokens is not None:
-        return DraftSpec("prompt_lookup", lookup_tokens=lookup_tokens, cost_ratio=0.0)
-    if exit_layers is not None:
-        ranges.check_early_exit(exit_layers, target.layers)
-        return DraftSpec("early_exit", exit_layers=exit_layers, cost_ratio=exit_layers / target.layers)
-    if assistant_model is None:
+    if request.drafter == "prompt_lookup":
+        return DraftSpec("prompt_lookup", lookup_tokens=request.lookup_tokens, cost_ratio=0.0)
+    if request.drafter == "early_exit":
+        ranges.check_early_exit(request.exit_layers, target.layers)
+        return DraftSpec("early_exit", exit_layers=request.exit_layers, cost_ratio=request.exit_layers / target.layers)
+    if request.drafter == "none":
         return DraftSpec()
     if (tokenizer is None) != (assistant_tokenizer is None) and assistant_tokenizer is not None:
-        raise OptionError("pass both tokenizer= (the target's) and {name}= (the draft's), or neither",
-                          name="assistant_tokenizer")  # fmt: skip
+        raise refusal("tokenizer_pair", name="assistant_tokenizer")
     draft.check_rollback("assistant_model")
     costs = dict(
         cost_ratio=draft.parameters / target.parameters,
@@ -126,6 +155,8 @@ def plan_drafting(
     )
     if tokenizer is not None and assistant_tokenizer is not None:
         if _translation_needed(target, draft, tokenizer, assistant_tokenizer):
+            if static_shapes:
+                raise refusal("translated_static", shapes=("static_shapes", True))
             return DraftSpec(
                 "translated",
                 assistant_model,
@@ -135,12 +166,8 @@ def plan_drafting(
                 **costs,
             )
     elif draft.vocab_size != target.vocab_size:
-        raise OptionError(
-            f"{{name}} has a vocabulary of {draft.vocab_size} tokens and the target {target.vocab_size}: pass "
-            "tokenizer= (the target's) and assistant_tokenizer= (the draft's) so tokens can be translated, or "
-            "use a draft from the target's family",
-            name="assistant_model",
-        )
+        raise refusal("draft_vocabulary", {"draft": draft.vocab_size, "target": target.vocab_size},
+                      name="assistant_model")  # fmt: skip
     return DraftSpec(
         "draft_model",
         assistant_model,
@@ -183,11 +210,6 @@ def build_drafter(
         )
     if spec.kind != "translated":
         return None
-    if static_shapes:
-        raise NotImplementedError(
-            "static_shapes=True with a draft of another tokenizer is not supported: its re-tokenized proposals "
-            "and contexts vary in length; drop static_shapes or use a draft sharing the target's tokenizer"
-        )
     draft_vocab = ModelFacts.of(prepared_draft).vocab_size
 
     def translating(rows: list[int] | None) -> TranslatingDrafter:

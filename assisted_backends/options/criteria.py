@@ -29,7 +29,7 @@ from transformers.generation.stopping_criteria import (
     StoppingCriteriaList,
 )
 
-from assisted_backends.options.errors import OptionError, OptionTypeError
+from assisted_backends.options.errors import refusal
 
 Criterion = Callable[[torch.Tensor, torch.Tensor], object]  # (input_ids [1, L], scores [1, V]) -> bool / [1]
 
@@ -55,16 +55,9 @@ def _callables(stopping_criteria) -> list[Criterion]:
         stopping_criteria = [stopping_criteria]
     for criterion in stopping_criteria:
         if not callable(criterion):
-            raise OptionTypeError(
-                f"{{name}} must hold callables (input_ids, scores) -> bool, got {type(criterion).__name__}",
-                name="stopping_criteria",
-            )
+            raise refusal("criterion_type", {"found": type(criterion).__name__}, name="stopping_criteria")
         if type(criterion) is MaxTimeCriteria:
-            raise OptionError(
-                "{name} holds a MaxTimeCriteria: a wall-clock limit makes the tokens timing-dependent; "
-                "use max_new_tokens",
-                name="stopping_criteria",
-            )
+            raise refusal("criterion_time", name="stopping_criteria")
     return list(stopping_criteria)
 
 
@@ -76,16 +69,13 @@ def build_criteria(model: PreTrainedModel, config: GenerationConfig, stopping_cr
     others = [c for c in custom if type(c) not in (MaxLengthCriteria, EosTokenCriteria)]
     stop_strings = getattr(config, "stop_strings", None)
     if stop_strings is not None and tokenizer is None:
-        raise OptionError(
-            "{strings} needs the target's tokenizer: pass {tokenizer} (as model.generate does)",
-            strings="stop_strings",
-            tokenizer="tokenizer",
-        )
+        raise refusal("stop_strings_tokenizer", strings="stop_strings", tokenizer="tokenizer")
     asked: list[Criterion] = []
     if stop_strings is not None or others:
         build = getattr(model, "_get_stopping_criteria", None)
         if not callable(build):
-            raise NotImplementedError(f"{type(model).__name__} has no _get_stopping_criteria: not a generation model")
+            raise refusal("not_generation_model", {"model": type(model).__name__, "method": "_get_stopping_criteria"},
+                          name="model")  # fmt: skip
         without_limits = GenerationConfig(stop_strings=stop_strings)  # length and EOS: the loop's own
         without_limits.max_length = None  # transformers < 5 defaults it to 20
         without_limits._eos_token_tensor = None

@@ -7,12 +7,18 @@ messages.
 
     raise OptionError("{name} must be >= 1, got 0", name="max_new_tokens")
     raise OptionError("{dtype} is not supported on cuda", dtype=("dtype", "fp16"))
+
+A refusal of planning is written once, in `options.fields.REFUSALS`, and raised by its key:
+
+    raise refusal("streaming_batch", {"count": 3}, name="streamer", rows="input_ids")
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from assisted_backends.options.fields import REFUSALS
 
 NO_VALUE = object()  # an option named without its value
 Spelling = Callable[[str, Any], str]  # (option, value or NO_VALUE) -> text
@@ -49,3 +55,25 @@ class OptionError(ValueError):
 
 class OptionTypeError(OptionError, TypeError):
     """An option of the wrong type (a float where an int is needed, ...)."""
+
+
+class OptionNotSupported(OptionError, NotImplementedError):
+    """A request this package cannot serve (a feature, not a value out of range)."""
+
+
+KINDS: dict[str, type[OptionError]] = {"value": OptionError, "unsupported": OptionNotSupported,
+                                       "type": OptionTypeError}  # fmt: skip
+
+
+class _Placeholders(dict):
+    """`str.format_map`'s mapping that leaves the option placeholders (`{name}`) for `OptionError` to spell."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def refusal(key: str, values: Mapping[str, Any] | None = None, **options: str | tuple[str, Any]) -> OptionError:
+    """The refusal `options.fields.REFUSALS[key]`: its `{slots}` filled from `values`, its option placeholders
+    from `options` (as `OptionError` takes them); raise what it returns."""
+    kind, template = REFUSALS[key]
+    return KINDS[kind](template.format_map(_Placeholders(values or {})), **options)

@@ -1,6 +1,9 @@
 """Every GenerationConfig field, classified: honoured, refused by name, or without effect on the tokens; and
-every refusal of the package, each with its reason, in one place (config fields, `generate` arguments and
-forward inputs, outputs, and what a queue of prompts cannot serve per prompt).
+every refusal a call's planning raises, each with its reason and fix, in one place: config fields, `generate`
+arguments and forward inputs, outputs, what a queue of prompts cannot serve per prompt (the tables below),
+every other refusal of planning by key (`REFUSALS`, raised through `options.errors.refusal`), and the range
+checks of `options.ranges` (`RANGE_CHECKS`: torch-free, so the CLI runs them on its flags before torch loads).
+The drafting options' names and the γ defaults are stated here too, once, for the API, the queue and the CLI.
 
 `tests/options/test_generation_config.py` checks that the three sets cover every field of the installed
 transformers, so a field added by a new release is classified before it can be ignored silently.
@@ -59,8 +62,18 @@ NO_TOKEN_EFFECT = frozenset(
     }
 )  # fmt: skip
 
+# GenerationConfig fields that choose a drafter without a draft model (a saved generation config may set them).
+DRAFTER_FIELDS = ("prompt_lookup_num_tokens", "assistant_early_exit")
 # Drafting fields: they choose the drafter and γ (speed only), wherever they are set.
-DRAFTING = ("prompt_lookup_num_tokens", "assistant_early_exit", "num_assistant_tokens")
+DRAFTING = (*DRAFTER_FIELDS, "num_assistant_tokens")
+# The options that each ask for a way of drafting (at most one per call; an EAGLE-3 head takes a draft-free source
+# first: `options.ranges.check_drafting`).
+DRAFTING_OPTIONS = ("assistant_model", *DRAFTER_FIELDS, "suffix_cache")
+# γ when none is given: the constant schedule's, the adaptive schedule's largest (its cap), and the adaptive cap of
+# the suffix drafter (its long matches propose long spans).
+DEFAULT_NUM_ASSISTANT_TOKENS = 4
+MAX_ADAPTIVE_GAMMA = 8
+SUFFIX_MAX_GAMMA = 12
 # Output fields of `model.generate` (`return_dict_in_generate` and what the dict holds).
 OUTPUTS = ("return_dict_in_generate", "output_scores", "output_logits", "output_attentions", "output_hidden_states")
 # Arguments of `generate` / `model.generate` (neither GenerationConfig fields nor forward inputs) that cannot be
@@ -110,3 +123,86 @@ SUFFIX_CACHE_REFUSED = {
     "assistant_early_exit": "one drafter per call: drop one of them",
     "assistant_model": "a draft model and the suffix drafter do not combine (an EAGLE-3 head does): drop one",
 }
+
+# Every other refusal of a call's planning, by key: (kind, template). The template names each option with a
+# `{placeholder}` (`OptionError`: each front end spells it, `generate`'s keyword or the CLI's flag) and fills the
+# other `{slots}` with values; one line, naming the argument and the fix. Kind: "value" (a `ValueError`),
+# "unsupported" (a `NotImplementedError` too), "type" (a `TypeError` too).
+RefusalKind = Literal["value", "unsupported", "type"]
+REFUSALS: dict[str, tuple[RefusalKind, str]] = {
+    # a call's arguments (`options.resolve`)
+    "unknown_argument": ("type", "generate() got an unexpected keyword argument '{name}' (not a GenerationConfig "
+                         "field nor an input of the model's forward)"),
+    "refused_argument": ("unsupported", "generate({name}=...) is not supported: {reason}"),
+    "forward_argument": ("unsupported", "generate({name}=...) is a forward argument of {model} that this package "
+                         "does not pass through (it passes {passed}); leave it out"),
+    "refused_field": ("value", "generation_config.{name}={value} is not supported: {reason}"),
+    "refused_output": ("unsupported", "{name}=True is not supported by assisted_backends: {reason}; leave it unset "
+                       "(or call transformers' own generate: assisted_backends.disable(model) where the model is "
+                       "enabled)"),
+    "column_input": ("value", "{name} must be a tensor of the prompt's shape {shape}, got {found}"),
+    "prefix_function_batch": ("unsupported", "{name} with a batch is not supported (rows are processed one at a "
+                              "time, so its batch_id would be wrong): generate one prompt at a time"),
+    # the prompt (`options.prompt`)
+    "prompt_missing": ("value", "{name} is missing and the model's generation config has no bos_token_id to start "
+                       "from; pass a prompt"),
+    "prompt_dtype": ("type", "{name} must hold integer token ids (torch.long), got {dtype}"),
+    "prompt_vocabulary": ("value", "{name} holds token id {token} (at flat position {position}), outside the "
+                          "target's vocabulary [0, {vocabulary}); encode the prompt with the target model's own "
+                          "tokenizer"),
+    "prompt_type": ("type", "{name} must be a torch.LongTensor of shape [batch, length], got {found}"),
+    "prompt_shape": ("value", "{name} must have shape [batch, length], got {shape}"),
+    "prompt_empty": ("value", "{name} is empty: the prompt needs at least one token (add a BOS token for an empty "
+                     "text)"),
+    "prompt_no_rows": ("value", "{name} holds no rows (batch size 0): pass at least one prompt"),
+    "mask_type": ("type", "{name} must be a torch.Tensor of 0s and 1s, got {found}"),
+    "mask_shape": ("value", "{name} has shape {shape} but input_ids {ids_shape}; they must match"),
+    "mask_empty_row": ("value", "{name} masks every token of row {row}: each prompt needs at least one real token"),
+    # special tokens, stopping criteria and processors (`options.processors`, `options.criteria`)
+    "eos_no_pad": ("value", "{eos} leaves no token to pad finished rows with; pass {pad} too"),
+    "criterion_type": ("type", "{name} must hold callables (input_ids, scores) -> bool, got {found}"),
+    "criterion_time": ("value", "{name} holds a MaxTimeCriteria: a wall-clock limit makes the tokens "
+                       "timing-dependent; use max_new_tokens"),
+    "stop_strings_tokenizer": ("value", "{strings} needs the target's tokenizer: pass {tokenizer} (as model.generate "
+                               "does)"),
+    "not_generation_model": ("unsupported", "{name}: {model} has no {method}: it is not a generation model"),
+    # lengths (`options.resolve`, `api.plan`)
+    "max_length_no_room": ("value", "{name}={max_length} leaves no room after the {prompt}-token prompt (padding "
+                           "included); raise max_length or set max_new_tokens"),
+    "prompt_fills_positions": ("value", "the {prompt}-token prompt fills the target's {limit} positions: no room "
+                               "for new tokens; shorten the prompt"),
+    "key_limit": ("value", "the target would attend over {keys} cached positions (prompt with padding + {name}, the "
+                  "whole preallocated cache under the static layout) but its config's {field} is {limit}; shorten "
+                  "the prompt or lower {name}"),
+    # streaming (`options.ranges.check_streaming`: `generate` and the CLI)
+    "streaming_batch": ("value", "{name} streams one sequence, but {rows} gives {count} rows; drop {name} or "
+                        "generate one prompt at a time"),
+    # the draft (`drafters.factory.plan_drafting`)
+    "tokenizer_pair": ("value", "pass both tokenizer= (the target's) and {name}= (the draft's), or neither"),
+    "draft_vocabulary": ("value", "{name} has a vocabulary of {draft} tokens and the target {target}: pass "
+                         "tokenizer= (the target's) and assistant_tokenizer= (the draft's) so tokens can be "
+                         "translated, or use a draft from the target's family"),
+    "translated_static": ("unsupported", "{shapes} with a draft of another tokenizer is not supported: its "
+                          "re-tokenized proposals and contexts vary in length; drop {shapes} or use a draft "
+                          "sharing the target's tokenizer"),
+    # the models (`api.generation`)
+    "meta_weights": ("value", "{name}: its weights are on the meta device (shapes without values); load it with "
+                     "real weights (from_pretrained without device_map='meta' or init_empty_weights, or "
+                     "load_state_dict(..., assign=True)) before generating"),
+    # a queue of prompts (`api.queue`, `api.plan`)
+    "queue_refused": ("value", "{name} is not served by a queue of prompts: {reason}"),
+    "queue_on_finish": ("value", "{name} must be callable as on_finish(index, tokens)"),
+    "queue_empty": ("value", "{name} is empty: nothing to generate"),
+    "queue_tensor": ("value", "{name} as a tensor must be [N, P] (one prompt per row), got {shape}"),
+    "queue_mapping": ("value", "{name}[{index}] is a mapping without 'input_ids'"),
+    "queue_ids": ("value", "{name}[{index}] must be token ids (a list of ints or a 1-D integer tensor)"),
+    "queue_empty_prompt": ("value", "{name}[{index}] is empty: every prompt needs at least one token"),
+    "live_static": ("value", "{name} is not served by a live queue (its batch grows and shrinks); drop it"),
+    "live_nothing": ("value", "{name} has nothing pending: call when a prompt has arrived"),
+}  # fmt: skip
+# The checks of `options.ranges` (plain Python, no torch): the range and combination rules of the options, each
+# refusal written once in its check. Planning runs them on a call's values, the CLI on its flags.
+RANGE_CHECKS = (
+    "check_integer", "check_sampling", "check_drafting", "check_shapes", "check_early_exit", "check_positions",
+    "check_streaming", "check_queue_arguments", "check_target_length",
+)  # fmt: skip

@@ -16,7 +16,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
 
-from assisted_backends.options.errors import OptionError
+from assisted_backends.options.errors import refusal
 
 
 def special_tokens(
@@ -27,11 +27,7 @@ def special_tokens(
     prepare = getattr(model, "_prepare_special_tokens", None)
     eos = config.eos_token_id
     if isinstance(eos, (list, tuple)) and not eos and config.pad_token_id is None:
-        raise OptionError(
-            "{eos} leaves no token to pad finished rows with; pass {pad} too",
-            eos=("eos_token_id", []),
-            pad="pad_token_id",
-        )
+        raise refusal("eos_no_pad", eos=("eos_token_id", []), pad="pad_token_id")
     if callable(prepare):
         batch = {"batch_size": 1} if "batch_size" in inspect.signature(prepare).parameters else {}  # 5.x: no warning
         prepare(config, kwargs_has_attention_mask=has_mask, device=device, **batch)
@@ -56,7 +52,8 @@ def logits_processors(
     order, with their tensors on `device`; `custom`: the caller's `logits_processor=` list."""
     build = getattr(model, "_get_logits_processor", None)
     if not callable(build):
-        raise NotImplementedError(f"{type(model).__name__} has no _get_logits_processor: it is not a generation model")
+        raise refusal("not_generation_model", {"model": type(model).__name__, "method": "_get_logits_processor"},
+                      name="model")  # fmt: skip
     config = copy.copy(config)
     special_tokens(model, config, attention_mask is not None, device)
     input_ids = input_ids.to(device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from assisted_backends.options.errors import OptionError, OptionTypeError
+from assisted_backends.options.errors import refusal
 
 IDS, MASK = "input_ids", "attention_mask"
 
@@ -19,10 +19,7 @@ def start_ids(input_ids, bos_token_id, batch_size: int = 1) -> torch.Tensor:
     if input_ids is not None:
         return input_ids
     if bos_token_id is None:
-        raise OptionError(
-            "{name} is missing and the model's generation config has no bos_token_id to start from; pass a prompt",
-            name="input_ids",
-        )
+        raise refusal("prompt_missing", name=IDS)
     first = bos_token_id[0] if isinstance(bos_token_id, (list, tuple)) else bos_token_id
     return torch.full((batch_size, 1), int(first), dtype=torch.long)
 
@@ -32,7 +29,7 @@ def check_token_ids(input_ids, vocabulary: int | None) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.numel() == 0:
         return  # `validate_prompt` names those errors
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-        raise OptionTypeError(f"{{name}} must hold integer token ids (torch.long), got {input_ids.dtype}", name=IDS)
+        raise refusal("prompt_dtype", {"dtype": input_ids.dtype}, name=IDS)
     if vocabulary is None:
         return
     low, high = (int(v) for v in torch.stack([input_ids.min(), input_ids.max()]).tolist())
@@ -40,48 +37,36 @@ def check_token_ids(input_ids, vocabulary: int | None) -> None:
         return
     bad = ((input_ids < 0) | (input_ids >= vocabulary)).flatten().nonzero()[0, 0].item()
     token = int(input_ids.flatten()[bad])
-    raise OptionError(
-        f"{{name}} holds token id {token} (at flat position {bad}), outside the target's vocabulary "
-        f"[0, {vocabulary}); encode the prompt with the target model's own tokenizer",
-        name=IDS,
-    )
+    raise refusal("prompt_vocabulary", {"token": token, "position": bad, "vocabulary": vocabulary}, name=IDS)
 
 
 def validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, list[int]]:
     """Return input_ids as [B, P] long and each row's number of left-padding positions (its leading masked
     columns; masked columns after a row's first token, right padding included, are holes: `has_holes`)."""
     if not isinstance(input_ids, torch.Tensor):
-        raise OptionTypeError(
-            f"{{name}} must be a torch.LongTensor of shape [batch, length], got {type(input_ids).__name__}", name=IDS
-        )
+        raise refusal("prompt_type", {"found": type(input_ids).__name__}, name=IDS)
     if input_ids.dim() == 1:
         input_ids = input_ids[None, :]
     if input_ids.dim() != 2:
-        raise OptionError(f"{{name}} must have shape [batch, length], got {tuple(input_ids.shape)}", name=IDS)
+        raise refusal("prompt_shape", {"shape": tuple(input_ids.shape)}, name=IDS)
     if input_ids.shape[1] == 0:
-        raise OptionError("{name} is empty: the prompt needs at least one token (add a BOS token for an empty text)",
-                          name=IDS)  # fmt: skip
+        raise refusal("prompt_empty", name=IDS)
     if input_ids.shape[0] == 0:
-        raise OptionError("{name} holds no rows (batch size 0): pass at least one prompt", name=IDS)
+        raise refusal("prompt_no_rows", name=IDS)
     if attention_mask is None:
         return input_ids.long(), [0] * input_ids.shape[0]
     if not isinstance(attention_mask, torch.Tensor):
-        raise OptionTypeError(
-            f"{{name}} must be a torch.Tensor of 0s and 1s, got {type(attention_mask).__name__}", name=MASK
-        )
+        raise refusal("mask_type", {"found": type(attention_mask).__name__}, name=MASK)
     if attention_mask.dim() == 1:
         attention_mask = attention_mask[None, :]
     if attention_mask.shape != input_ids.shape:
-        raise OptionError(
-            f"{{name}} has shape {tuple(attention_mask.shape)} but input_ids {tuple(input_ids.shape)}; they must match",
-            name=MASK,
-        )
+        shapes = {"shape": tuple(attention_mask.shape), "ids_shape": tuple(input_ids.shape)}
+        raise refusal("mask_shape", shapes, name=MASK)
     mask = attention_mask.bool()
     pads = (~mask).long().cumprod(dim=1).sum(dim=1)  # [B] leading zeros
     if bool((pads == mask.shape[1]).any()):
         row = int((pads == mask.shape[1]).nonzero()[0, 0])
-        raise OptionError(f"{{name}} masks every token of row {row}: each prompt needs at least one real token",
-                          name=MASK)  # fmt: skip
+        raise refusal("mask_empty_row", {"row": row}, name=MASK)
     return input_ids.long(), [int(pad) for pad in pads]
 
 

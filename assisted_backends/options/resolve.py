@@ -14,7 +14,7 @@ import copy
 import warnings
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -24,7 +24,7 @@ from assisted_backends.engine.sampling import SamplingConfig
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import fields, prompt, ranges
 from assisted_backends.options.criteria import Criteria, build_criteria
-from assisted_backends.options.errors import OptionError
+from assisted_backends.options.errors import refusal
 from assisted_backends.options.processors import special_tokens
 
 DEFAULT_NEW_TOKENS = 20  # transformers' default max_length, counted after the prompt
@@ -32,6 +32,9 @@ DEFAULT_NEW_TOKENS = 20  # transformers' default max_length, counted after the p
 COLUMN_INPUTS = ("token_type_ids", "position_ids")
 # Forward arguments `model.generate` accepts that never change the tokens.
 NO_EFFECT_INPUTS = ("logits_to_keep", "num_logits_to_keep", "use_cache", "return_dict")
+# Where a call's length limit came from, after the precedence: max_new_tokens, max_length (it counts the prompt),
+# or transformers' default of 20 new tokens.
+LimitSource = Literal["max_new_tokens", "max_length", "default"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ class GenerationOptions:
     leading masked positions; `attention_mask` the caller's or the inferred one (None: all attended);
     `config` the merged generation config (its max_length what processors see); `max_new_tokens` the
     loop's limit (a caller's `MaxLengthCriteria` replaces the config's); `eos_ids` the ids that end a
-    row; `column_inputs` forward inputs given per prompt column ([B, P] each).
+    row; `column_inputs` forward inputs given per prompt column ([B, P] each); `limit_source` where the
+    config's limit came from (`config_limit`).
     """
 
     config: GenerationConfig
@@ -77,6 +81,21 @@ class GenerationOptions:
     column_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
     custom_processors: tuple = ()  # the caller's `logits_processor=` list
     prefix_allowed_tokens_fn: Any = None
+    limit_source: LimitSource = "max_new_tokens"
+
+    @property
+    def config_limit(self) -> int:
+        """The new tokens the generation config allows (max_new_tokens, or max_length after the prompt, or the
+        default), not a caller's criterion's: what the logits processors are built for."""
+        return self.config.max_length - self.input_ids.shape[1]
+
+    @property
+    def limit_counts_prompt(self) -> bool:
+        """Whether the length limit counts the prompt: max_length set, or a caller's `MaxLengthCriteria`, without
+        max_new_tokens (a queue refuses it: its prompts have different lengths)."""
+        if self.limit_source == "max_new_tokens":
+            return False
+        return self.limit_source == "max_length" or self.criteria.max_length is not None
 
 
 def split_arguments(model: PreTrainedModel, kwargs: dict[str, Any]) -> tuple[dict, dict]:
@@ -90,20 +109,15 @@ def split_arguments(model: PreTrainedModel, kwargs: dict[str, Any]) -> tuple[dic
         elif name in fields.REFUSED_INPUTS or name in fields.REFUSED_ARGUMENTS:
             if value is not None and value is not False:
                 reason = fields.REFUSED_INPUTS.get(name) or fields.REFUSED_ARGUMENTS[name]
-                raise NotImplementedError(f"generate({name}=...) is not supported: {reason}")
+                raise refusal("refused_argument", {"reason": reason}, name=name)
         elif name in COLUMN_INPUTS or name in NO_EFFECT_INPUTS:
             if name in COLUMN_INPUTS and value is not None:
                 inputs[name] = value
         elif hf_compat.forward_accepts(model, name):
-            raise NotImplementedError(
-                f"generate({name}=...) is a forward argument of {type(model).__name__} that this package does not "
-                f"pass through (it passes {', '.join(COLUMN_INPUTS)}); leave it out"
-            )
+            passed = ", ".join(COLUMN_INPUTS)
+            raise refusal("forward_argument", {"model": type(model).__name__, "passed": passed}, name=name)
         else:
-            raise TypeError(
-                f"generate() got an unexpected keyword argument {name!r} "
-                "(not a GenerationConfig field nor an input of the model's forward)"
-            )
+            raise refusal("unknown_argument", name=name)
     return config_fields, inputs
 
 
@@ -156,36 +170,29 @@ def refuse_unsupported(config: GenerationConfig | SimpleNamespace | None) -> Non
     for name, when, advice in fields.REFUSED:
         value = getattr(config, name, None)
         if _active(when, value):
-            raise ValueError(f"generation_config.{name}={value!r} is not supported: {advice}")
+            raise refusal("refused_field", {"value": repr(value), "reason": advice}, name=name)
 
 
 def _config_limit(
     config: GenerationConfig, length_set: bool, prompt_length: int, facts: ModelFacts
-) -> tuple[int, bool]:
-    """(new tokens the config allows, whether that is transformers' default of 20): max_new_tokens, else
-    max_length − prompt length (left padding counts, as in transformers), else 20 new tokens up to the
-    model's position limit."""
+) -> tuple[int, LimitSource]:
+    """(new tokens the config allows, where that came from): max_new_tokens, else max_length − prompt length
+    (left padding counts, as in transformers), else 20 new tokens up to the model's position limit."""
     if config.max_new_tokens is not None:
-        return ranges.check_integer("max_new_tokens", config.max_new_tokens, minimum=1), False
+        return ranges.check_integer("max_new_tokens", config.max_new_tokens, minimum=1), "max_new_tokens"
     if length_set:
         value = int(config.max_length) - prompt_length
         if value < 1:
-            raise OptionError(
-                f"{{name}}={config.max_length} leaves no room after the {prompt_length}-token prompt (padding "
-                "included); raise max_length or set max_new_tokens",
-                name="max_length",
-            )
-        return value, False
+            raise refusal("max_length_no_room", {"max_length": config.max_length, "prompt": prompt_length},
+                          name="max_length")  # fmt: skip
+        return value, "max_length"
     limit = prompt_length + DEFAULT_NEW_TOKENS
     if facts.max_positions is not None:
         limit = min(limit, facts.max_positions)
     if limit <= prompt_length:
-        raise OptionError(
-            f"the {prompt_length}-token prompt fills the target's {facts.max_positions} positions: no room for "
-            "new tokens; shorten the prompt",
-            name="input_ids",
-        )
-    return limit - prompt_length, True
+        raise refusal("prompt_fills_positions", {"prompt": prompt_length, "limit": facts.max_positions},
+                      name="input_ids")  # fmt: skip
+    return limit - prompt_length, "default"
 
 
 def resolve(
@@ -212,10 +219,7 @@ def resolve(
     own = getattr(model, "generation_config", None)
     for name, reason in fields.REFUSED_OUTPUTS.items():
         if user_set(name, explicit, generation_config, own):
-            raise NotImplementedError(
-                f"{name}=True is not supported by assisted_backends: {reason}; leave it unset (or call "
-                "transformers' own generate: assisted_backends.disable(model) where the model is enabled)"
-            )
+            raise refusal("refused_output", {"reason": reason}, name=name)
     drafting = DraftingFields(*(user_set(name, explicit, generation_config, own) for name in fields.DRAFTING))
     outputs = OutputRequest(
         *(bool(user_set(n, explicit, generation_config, own)) for n in fields.OUTPUTS[:3]),
@@ -240,10 +244,10 @@ def resolve(
             column_inputs["position_ids"] = prompt.positions_from_mask(mask, hf_compat.MASKED_POSITION_ID)
     prompt_length = input_ids.shape[1]
     length_set = user_set("max_length", explicit, generation_config, own) is not None
-    config_limit, by_default = _config_limit(config, length_set, prompt_length, facts)
+    config_limit, limit_source = _config_limit(config, length_set, prompt_length, facts)
     asked = stopping_criteria is not None or getattr(config, "stop_strings", None) is not None
     criteria = build_criteria(model, config, stopping_criteria, tokenizer) if asked else Criteria([])
-    if by_default and criteria.max_length is None:
+    if limit_source == "default" and criteria.max_length is None:
         warnings.warn(
             f"no max_new_tokens or max_length given: generating up to {config_limit} new tokens (transformers' "
             "default max_length of 20); set max_new_tokens to control the length",
@@ -269,6 +273,7 @@ def resolve(
         column_inputs=_column_inputs(column_inputs, input_ids.shape),
         custom_processors=tuple(logits_processor or ()),
         prefix_allowed_tokens_fn=_prefix_function(prefix_allowed_tokens_fn, input_ids.shape[0]),
+        limit_source=limit_source,
     )
 
 
@@ -276,10 +281,7 @@ def _prefix_function(function, batch: int):
     """`prefix_allowed_tokens_fn(batch_id, ids)`: served for one row (a batch's rows are processed one at a time,
     so the batch index it is given would always be 0)."""
     if function is not None and batch > 1:
-        raise NotImplementedError(
-            "prefix_allowed_tokens_fn with a batch is not supported (rows are processed one at a time, so its "
-            "batch_id would be wrong): generate one prompt at a time"
-        )
+        raise refusal("prefix_function_batch", name="prefix_allowed_tokens_fn")
     return function
 
 
@@ -288,5 +290,5 @@ def _column_inputs(given: dict[str, Any], shape: torch.Size) -> dict[str, torch.
     for name, value in given.items():
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(shape):
             found = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise OptionError(f"{{name}} must be a tensor of the prompt's shape {tuple(shape)}, got {found}", name=name)
+            raise refusal("column_input", {"shape": tuple(shape), "found": found}, name=name)
     return dict(given)

@@ -186,13 +186,13 @@ def test_casting_back_up_after_an_in_place_downcast_is_refused():
 def test_parameter_ratio_counts_a_quantized_draft_as_unquantized(method):
     """w8af32 packs linear weights into buffers that `parameters()` does not list; the never-try rule
     (draft ≥ 90% of the target) must still see a quantized self-draft as the target's size."""
-    from assisted_backends.drafters.factory import plan_drafting
+    from assisted_backends.drafters.factory import drafting_request, plan_drafting
     from assisted_backends.model_facts import ModelFacts
 
     target, _ = pair("llama")
     draft = quantize.quantize_w8af32(target, method)
     assert sum(p.numel() for p in draft.parameters()) < 0.9 * sum(p.numel() for p in target.parameters())
-    spec = plan_drafting(ModelFacts.of(target), draft, ModelFacts.of(draft), None, None, None, None)
+    spec = plan_drafting(ModelFacts.of(target), drafting_request(draft), draft, ModelFacts.of(draft), None, None)
     assert spec.cost_ratio == pytest.approx(1.0)
     assert ModelFacts.of(draft).parameters == ModelFacts.of(target).parameters
 

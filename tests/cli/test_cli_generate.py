@@ -112,7 +112,11 @@ def test_a_prompt_file_batch_gives_each_prompt_its_own_text(saved_pair, tmp_path
     "extra,message",
     [
         (["--batch-size", "0"], "error: --batch-size: expected a positive integer, got 0"),
-        (["--batch-size", "2", "--stream"], "--stream prints one sequence as it grows; drop it with --batch-size > 1"),
+        (
+            ["--batch-size", "2", "--stream"],
+            "error: --stream streams one sequence, but --batch-size gives 2 rows; drop --stream or generate one prompt "
+            "at a time",
+        ),
     ],
 )
 def test_bad_batch_flags_are_refused_before_loading(extra, message, capsys):

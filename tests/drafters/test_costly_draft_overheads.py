@@ -8,7 +8,7 @@ from any_draft_fixtures import saved_tokenizers
 from tiny_models import reference_greedy, tiny_model
 
 from assisted_backends import generate
-from assisted_backends.drafters.factory import plan_drafting
+from assisted_backends.drafters.factory import drafting_request, plan_drafting
 from assisted_backends.engine.schedule import AdaptiveSchedule, RoundObservation
 from assisted_backends.model_facts import ModelFacts
 
@@ -36,9 +36,8 @@ class _NoVocab:
 def _plan(target, draft=None, tokenizer=None, assistant_tokenizer=None, lookup_tokens=None, exit_layers=None):
     """The drafting part of a call's plan (`drafters.factory.plan_drafting`)."""
     draft_facts = ModelFacts.of(draft) if draft is not None else None
-    return plan_drafting(
-        ModelFacts.of(target), draft, draft_facts, tokenizer, assistant_tokenizer, lookup_tokens, exit_layers
-    )
+    request = drafting_request(draft, lookup_tokens, exit_layers)
+    return plan_drafting(ModelFacts.of(target), request, draft, draft_facts, tokenizer, assistant_tokenizer)
 
 
 def test_vocabularies_of_different_sizes_need_translation_without_building_them():

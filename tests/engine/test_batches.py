@@ -244,6 +244,6 @@ def test_streaming_a_batch_is_refused_by_name():
             self.calls.append("end")
 
     sink = Sink()
-    with pytest.raises(ValueError, match="streamer= streams one sequence, but input_ids holds 3 rows"):
+    with pytest.raises(ValueError, match="streamer streams one sequence, but input_ids gives 3 rows"):
         generate(target, ids, attention_mask=mask, max_new_tokens=2, streamer=sink)
     assert sink.calls == []

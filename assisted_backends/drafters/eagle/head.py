@@ -126,8 +126,6 @@ def _rope_config(config: Eagle3Config) -> LlamaConfig:
 class Eagle3Head(nn.Module):
     """An EAGLE-3 head (module docstring). `embed_tokens` is None when the target's embedding is to be used."""
 
-    takes_prompt_lookup = True  # `prompt_lookup_num_tokens` with a head: lookup matches first (`eagle.combined`)
-
     def __init__(self, config: Eagle3Config, with_embeddings: bool = False) -> None:
         super().__init__()
         self.config = config

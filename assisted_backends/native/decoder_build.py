@@ -1,30 +1,29 @@
 """The native decoder step (`decoder/decoder.cpp`): built on first use beside the kernels, cached, loaded as a module.
 
-A library of its own (its source hash, its cache folder `<cache>/decoder/<key>/`), so the decoder and the kernels
-never rebuild each other. It calls the kernels (`block_linear`, `row_attention`) through torch's dispatcher, so the
-kernels' library must be loaded first: `module()` asks `extension.status()` for that and builds nothing where the
-kernels do not run. `ASSISTED_BACKENDS_NATIVE=off` switches the decoder off (the run keeps transformers' modeling
-on the kernels).
+A library of its own (`DECODER`: its sources' and headers' hash, its cache folder `<cache>/decoder/<key>/`), built
+by the same machinery as the kernels (`extension.build_library`: one builder at a time, a failed build remembered
+with the compiler's first error), so the decoder and the kernels never rebuild each other, except through the header
+they share (`csrc/row_math.h`: the fp16 conversion, the exp, the attention row), which both keys hash. It calls the
+kernels (`block_linear`) through torch's dispatcher, so the kernels' library must be loaded first: `module()` asks
+`extension.status()` for that and builds nothing where the kernels do not run. `ASSISTED_BACKENDS_NATIVE=off`
+switches the decoder off (the run keeps transformers' modeling on the kernels).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import sys
-import time
 from pathlib import Path
 
-import torch
-
-from assisted_backends.cache_dir import cache_root
 from assisted_backends.native import extension
 
-SOURCE = Path(__file__).with_name("decoder") / "decoder.cpp"
+FOLDER = Path(__file__).with_name("decoder")
+SOURCE = FOLDER / "decoder.cpp"
+HEADERS = (FOLDER / "attention.h", extension.CSRC / "row_math.h")
 SWITCH_VARIABLE = "ASSISTED_BACKENDS_NATIVE"
-_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fopenmp"]  # no FMA may change an fp32 op's rounding
 _NAME = "assisted_backends_decoder"
+# -ffp-contract=off: no FMA may change an fp32 op's rounding (the kernels' flags)
+DECODER = extension.Build(_NAME, "decoder", (SOURCE,), HEADERS, python_module=True, what="the native decoder")
 
 
 def switched_off() -> str:
@@ -38,11 +37,8 @@ def switched_off() -> str:
 
 
 def build_key() -> str:
-    digest = hashlib.sha256(" ".join(_FLAGS).encode())
-    for path in sorted(SOURCE.parent.iterdir()):  # decoder.cpp and the headers it includes
-        digest.update(path.name.encode() + path.read_bytes())
-    digest = digest.hexdigest()[:12]
-    return f"{digest}-torch{torch.__version__}".replace("+", "_").replace("/", "_")
+    """The decoder's build: its source's and headers' hash, the flags, the compiler, torch, the CPU's flags."""
+    return extension.build_key(DECODER.sources, DECODER.headers, DECODER.flags)
 
 
 def why_unavailable() -> str:
@@ -66,28 +62,5 @@ def module():
 @functools.lru_cache(maxsize=1)
 def _built():
     """(module, '') once built and loaded, or (None, why not): once per process."""
-    from torch.utils import cpp_extension
-
-    directory = cache_root() / "decoder" / build_key()
-    directory.mkdir(parents=True, exist_ok=True)
-    fresh = not any(directory.glob(f"{_NAME}*.so"))
-    started = time.perf_counter()
-    if fresh:
-        print(f"assisted_backends: building the native decoder once (cached in {directory}) ...", file=sys.stderr,
-              flush=True)  # fmt: skip
-    try:
-        loaded = cpp_extension.load(
-            name=_NAME,
-            sources=[str(SOURCE)],
-            extra_cflags=_FLAGS,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            verbose=False,
-        )
-    except Exception as error:  # a failed build leaves transformers' modeling on the kernels, with the reason
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return None, f"the native decoder did not build: {first[:200]}"
-    if fresh:
-        print(f"assisted_backends: native decoder built in {time.perf_counter() - started:.0f} s", file=sys.stderr,
-              flush=True)  # fmt: skip
-    return loaded, ""
+    loaded, why = extension.build_library(DECODER)
+    return (loaded, "") if loaded else (None, why)

@@ -48,7 +48,9 @@ from assisted_backends.cache_dir import cache_root
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "block_kernels.cpp"
 SOURCES = (SOURCE, CSRC / "block_tile_avx512.cpp", CSRC / "block_tile_avx2.cpp", CSRC / "row_attention.cpp")
-HEADERS = (CSRC / "block_layout.h", CSRC / "cpu_features.h", CSRC / "tile_pool.h", CSRC / "block_tile_avx2.inc")
+#: row_math.h: the arithmetic the kernels share with the native decoder (its build key hashes it too)
+HEADERS = (CSRC / "block_layout.h", CSRC / "cpu_features.h", CSRC / "tile_pool.h", CSRC / "block_tile_avx2.inc",
+           CSRC / "row_math.h")  # fmt: skip
 LIBRARY = "assisted_backends_block_kernels"
 ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the C++ enum's order (csrc/cpu_features.h)
 #: CPUID features as /proc/cpuinfo names them, in the bit order of csrc/cpu_features.h

@@ -12,12 +12,18 @@ M one-token steps' logits bit for bit. Against transformers' modeling on the sam
 wraps, still the path for everything it does not cover) it differs in the last bits of the norms' sums and
 SiLU's exp only.
 
+Hidden states: `capturing_hidden_states(layers)` makes each forward within it hand out, from the same native call,
+the residual stream entering the layers asked for (L: the last layer's output), as forward hooks on the decoder
+layers read it on transformers' modeling; an EAGLE head's feature tap (`drafters.eagle.features.LayerTap`) reads
+them so. Hooks on the reference's layers do not run on the native step: a forward with some on raises.
+
 `why_not_native(model)` says why a model is not covered (None: it is); `native_model(model)` wraps a covered one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -75,7 +81,6 @@ class NativeCache:
         self._stored: dict[tuple[int, int], int] = {}  # (buffer kind, layer) -> width, while a row move is under way
         self._views = [_LayerView(self, index) for index in range(layers)]
         self.static_capacity = capacity if batch is not None else None
-        self.reference_cache = None  # transformers' cache where this one runs the reference (hooks read its layers)
         if batch is not None:
             self._allocate(batch, max(capacity, 1))
 
@@ -91,7 +96,7 @@ class NativeCache:
     @property
     def layers(self) -> list:
         """Per layer, its keys and values (`engine.cache_surgery` moves rows through them)."""
-        return self._views if self.reference_cache is None else self.reference_cache.layers
+        return self._views
 
     @property
     def batch(self) -> int | None:
@@ -125,10 +130,7 @@ class NativeCache:
     def crop(self, max_length: int) -> None:
         """Keep the first `max_length` positions (negative: drop that many), as DynamicCache.crop."""
         keep = self.length + max_length if max_length < 0 else max_length
-        keep = max(0, min(self.length, keep))
-        if self.reference_cache is not None and keep < self.length:
-            self.reference_cache.crop(keep - self.length)
-        self.length = keep
+        self.length = max(0, min(self.length, keep))
 
     def view(self, buffers: list, index: int) -> torch.Tensor | None:
         tensor = buffers[index]
@@ -284,6 +286,7 @@ class NativeCausalLM(nn.Module):
         object.__setattr__(self, "_embed", None if _native_embedding(embedding) else embedding)  # not a submodule
         self.quantization_report = getattr(reference, "quantization_report", {})
         self.step_report = STEP_LINE
+        self._taps: tuple[list[int], dict[int, torch.Tensor]] | None = None  # (layers, where their states go)
 
     def __getattr__(self, name: str):
         """What the generation API reads of a causal LM (generation config helpers, flags): the reference's."""
@@ -296,8 +299,26 @@ class NativeCausalLM(nn.Module):
             return getattr(reference, name)
 
     def _hooked(self) -> bool:
-        """Whether something reads the reference's hidden states with hooks (an EAGLE head's feature tap)."""
+        """Whether hooks sit on the reference's decoder layers (they would not run on the native step)."""
         return any(layer._forward_pre_hooks or layer._forward_hooks for layer in self.reference.model.layers)
+
+    @contextmanager
+    def capturing_hidden_states(self, layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
+        """Within the block, each forward puts into the yielded dict {k: [B, M, D]} the residual stream entering
+        decoder layer k (k = L: the last layer's output, before the final norm) of every row it feeds, computed by
+        the same native call (what hooks on the decoder layers capture on transformers' modeling)."""
+        depth = len(self.reference.model.layers)
+        wanted = sorted({int(k) for k in layers})
+        if any(not 0 <= k <= depth for k in wanted):
+            raise ValueError(f"layers {list(layers)}: hidden states exist for layers 0..{depth} of this model")
+        if self._taps is not None:
+            raise RuntimeError("capturing_hidden_states: already capturing (one capture at a time)")
+        captured: dict[int, torch.Tensor] = {}
+        self._taps = (wanted, captured)
+        try:
+            yield captured
+        finally:
+            self._taps = None
 
     def set_attn_implementation(self, name: str) -> None:
         """The reference's attention (what runs where the native decoder does not); the native step's own attention
@@ -414,47 +435,28 @@ class NativeCausalLM(nn.Module):
                             f"{type(cache).__name__}")  # fmt: skip
         batch, rows = input_ids.shape
         start = int(cache_position[0]) if cache_position is not None else cache.length
-        if cache.reference_cache is not None or self._hooked():
-            return self._reference_forward(cache, start, input_ids, attention_mask, position_ids, cache_position,
-                                           logits_to_keep)  # fmt: skip
+        if self._hooked():
+            raise RuntimeError(
+                "hooks on the reference's decoder layers do not run on the native decoder step: read hidden states "
+                "with capturing_hidden_states(layers), or load with ASSISTED_BACKENDS_NATIVE=off"
+            )
         if position_ids is None:
             position_ids = torch.arange(start, start + rows)[None].expand(batch, rows)
         cache.reserve(batch, start + rows)
         self._ensure_rotary(int(position_ids.max()) + 1)
         mask = self._row_mask(attention_mask, cache.capacity)
+        tap_layers, taps = [], None
+        if self._taps is not None:
+            tap_layers = self._taps[0]
+            taps = torch.empty(len(tap_layers), batch, rows, _text_config(self).hidden_size)
         logits = self._native.step(
             input_ids, position_ids, start, cache.keys, cache.values, mask, int(logits_to_keep or 0),
-            extension.forced_isa(), None if self._embed is None else self._embed(input_ids).float(),
+            extension.forced_isa(), None if self._embed is None else self._embed(input_ids).float(), tap_layers, taps,
         )  # fmt: skip
         cache.length = start + rows
+        if taps is not None:
+            self._taps[1].update(zip(tap_layers, taps.unbind(0)))
         return _Output(logits, cache)
-
-    def _reference_forward(self, cache: NativeCache, start: int, input_ids, attention_mask, position_ids,
-                           cache_position, logits_to_keep) -> _Output:  # fmt: skip
-        """transformers' modeling for a cache whose run has hooks on the reference's layers (an EAGLE head's feature
-        tap reads hidden states the native step does not expose): from its first forward on, that cache holds the
-        reference's own cache of the same kind, and every forward on it runs the reference."""
-        from assisted_backends import hf_compat
-
-        if cache.reference_cache is None:
-            if cache.length > 0:
-                raise NotImplementedError(
-                    "hooks were put on the target's layers after its native cache was filled: set "
-                    "ASSISTED_BACKENDS_NATIVE=off for drafters that read hidden states"
-                )
-            if cache.static_capacity is not None:
-                cache.reference_cache = hf_compat.new_static_cache(
-                    self.reference, cache.batch, cache.static_capacity, torch.float32, torch.device("cpu")
-                )
-            else:
-                cache.reference_cache = hf_compat.new_dynamic_cache(self.reference)
-        kwargs = hf_compat.logits_to_keep_kwargs(self.reference, logits_to_keep) if logits_to_keep else {}
-        output = self.reference(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
-            cache_position=cache_position, **hf_compat.cache_kwargs(self.reference, cache.reference_cache), **kwargs,
-        )  # fmt: skip
-        cache.length = start + input_ids.shape[1]
-        return _Output(output.logits, cache)
 
     @staticmethod
     def _row_mask(attention_mask: torch.Tensor | None, capacity: int) -> torch.Tensor | None:

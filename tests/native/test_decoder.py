@@ -133,24 +133,3 @@ def test_an_uncovered_model_keeps_its_modeling_with_the_reason():
     gpt2 = CPUBackend(BackendOptions(dtype="int4")).prepare(build("gpt2", seed=0), "target")
     assert "family (gpt2)" in why_not_native(gpt2)
     assert native_model(gpt2) is gpt2 and "family (gpt2)" in gpt2.step_report
-
-
-def test_hooks_on_the_reference_layers_run_the_reference_for_that_cache(models):
-    """An EAGLE head's feature tap reads hidden states through hooks on the target's layers: a cache first used
-    while such hooks are on runs transformers' modeling (the hooks fire, rollback still works); others stay native."""
-    reference, native = models
-    seen = []
-    handle = reference.model.layers[0].register_forward_hook(lambda module, args, output: seen.append(1))
-    try:
-        tokens = prompt(10, 9)
-        hooked = native.new_native_cache()
-        logits = _logits(native, tokens[:, :8], hooked)
-        assert seen and hooked.reference_cache is not None
-        with torch.inference_mode():
-            assert torch.equal(logits, reference(input_ids=tokens[:, :8]).logits)
-        _logits(native, tokens[:, 8:], hooked)
-        hooked.crop(8)
-        assert hooked.get_seq_length() == 8 and hooked.reference_cache.get_seq_length() == 8
-    finally:
-        handle.remove()
-    assert native(tokens).past_key_values.reference_cache is None

@@ -1,8 +1,11 @@
-"""Reading the target's hidden states where it computes them: forward hooks on its decoder layers.
+"""Reading the target's hidden states where it computes them: forward hooks on its decoder layers, or the native
+decoder's own copy of them.
 
 `LayerTap` keeps the residual stream entering three decoder layers (index k = L: the last layer's output)
 during one forward, and concatenates them low, middle, high: the [B, q, 3 H_t] features of the fed
-positions. `FeatureStore` is the hand-over to the drafter: the target's `ModelRunner` enters
+positions. On transformers' modeling, hooks on the decoder layers catch them; a target stepped by the native
+decoder (`quantized.native_decoder.NativeCausalLM`, whose layers are one C++ call) hands out the same states from
+that call (`capturing_hidden_states`), so an EAGLE head drafts for the native step itself. `FeatureStore` is the hand-over to the drafter: the target's `ModelRunner` enters
 `store.capture(start)` around each of its forwards (prefill, plain steps and verify passes alike), and the
 features of the fed columns land at those columns of a [B, capacity, 3 H_t] tensor. Only columns the target
 keeps are ever read (a verify pass's rejected columns are overwritten by its next pass), so the verify pass
@@ -24,6 +27,8 @@ class LayerTap:
     """Hooks that capture the inputs of `layers` (three indices in [0, L]) of `model`'s decoder layers."""
 
     def __init__(self, model: torch.nn.Module, layers: tuple[int, ...]) -> None:
+        native = getattr(model, "capturing_hidden_states", None)
+        self.native = native if callable(native) else None  # the native decoder's capture (no hooks: one C++ call)
         self.decoder_layers = model.get_submodule(decoder_layers_path(model))
         self.depth = len(self.decoder_layers)
         self.layers = tuple(layers)
@@ -33,6 +38,10 @@ class LayerTap:
     @contextmanager
     def capture(self) -> Iterator[dict[int, torch.Tensor]]:
         """Within the block, forwards of the model fill the yielded dict {layer index: [B, q, H_t]}."""
+        if self.native is not None:
+            with self.native(self.layers) as captured:
+                yield captured
+            return
         captured: dict[int, torch.Tensor] = {}
         handles = []
         for k in sorted(set(self.layers)):

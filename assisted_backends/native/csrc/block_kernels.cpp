@@ -40,6 +40,7 @@
 
 #include "block_layout.h"
 #include "cpu_features.h"
+#include "row_math.h"
 #include "tile_pool.h"
 
 namespace {
@@ -56,26 +57,7 @@ std::atomic<int64_t> g_prefetch{prefetch_from_environment()};
 std::atomic<int64_t> g_threads_used{0};  // threads that took tiles in this process's last block_linear call
 std::atomic<int64_t> g_bytes_per_thread{65536};  // weight bytes a thread at least (block_min_bytes_per_thread)
 
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000) << 16;
-  uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
-  if (exponent == 0) {
-    if (mantissa == 0) {
-      bits = sign;
-    } else {  // subnormal: normalize
-      exponent = 127 - 15 + 1;
-      while ((mantissa & 0x400) == 0) { mantissa <<= 1; --exponent; }
-      bits = sign | (exponent << 23) | ((mantissa & 0x3FF) << 13);
-    }
-  } else if (exponent == 31) {
-    bits = sign | 0x7F800000u | (mantissa << 13);
-  } else {
-    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
-  }
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
+using ab_math::half_to_float;  // row_math.h: the one fp16 conversion of both native libraries
 
 inline int32_t group_bsum(const Activations& a, int64_t row, int64_t g, int group) {
   const int32_t* b = a.bsum + row * (a.k / 16);

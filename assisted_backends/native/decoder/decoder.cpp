@@ -12,6 +12,8 @@
 //     x     = RMSNorm(h; w_post)
 //     h     = h + (SiLU(x W_gᵀ) · x W_uᵀ) W_dᵀ                      SiLU(g) = g / (1 + exp(−g)), one polynomial exp
 //   logits  = RMSNorm(h; w_final) W_headᵀ                           for the last `keep` rows of each b only
+// On request (`taps`) it copies h as it enters the layers asked for, or leaves the last one, for every row: the
+// features an EAGLE head drafts from, out of the same call.
 // Every op computes a row alone in one fixed order of fp32 operations (built with -ffp-contract=off), and the
 // linear kernel (block_linear, reached through the dispatcher) is batch-invariant, so a verify pass over M rows
 // returns, row by row, what M one-token steps return. The kernel runs its own threads; attention (attention.h,
@@ -41,26 +43,10 @@ using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tens
 
 constexpr int kTile = 16;
 
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000) << 16;
-  uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
-  if (exponent == 0) {
-    if (mantissa == 0) {
-      bits = sign;
-    } else {
-      exponent = 127 - 15 + 1;
-      while ((mantissa & 0x400) == 0) { mantissa <<= 1; --exponent; }
-      bits = sign | (exponent << 23) | ((mantissa & 0x3FF) << 13);
-    }
-  } else if (exponent == 31) {
-    bits = sign | 0x7F800000u | (mantissa << 13);
-  } else {
-    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
-  }
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
+using ab_math::exp_avx2;       // ../csrc/row_math.h: the arithmetic shared with the kernels' library
+using ab_math::exp_scalar;
+using ab_math::half_to_float;
+using ab_math::tree8;
 
 // One block-quantized matrix W [n, k] in the kernels' layout (quantized/blocks.py), with its optional bias.
 struct Linear {
@@ -119,8 +105,6 @@ enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
 
 // ---- row ops: scalar and AVX2 bodies compute the same operations in the same order -------------------------
 
-inline float tree8(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
-
 #define AB_AVX2 __attribute__((target("avx2,fma")))
 
 AB_AVX2 float sum_squares(const float* x, int64_t n) {
@@ -145,46 +129,6 @@ AB_AVX2 void rms_norm(const float* x, const float* w, int64_t n, float eps, floa
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), rv)));
   for (; i < n; ++i) y[i] = w[i] * (x[i] * r);
-}
-
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f;
-constexpr float kLn2Lo = -2.12194440e-4f;
-
-// exp(x) on [−87, 88] (clamped there): x = n ln2 + r, a degree-6 polynomial in r, times 2^n.
-inline float exp_scalar(float x) {
-  x = std::min(88.0f, std::max(-87.0f, x));
-  const float n = std::nearbyint(x * kLog2e);
-  float r = x - n * kLn2Hi;
-  r = r - n * kLn2Lo;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &p, 4);
-  bits += int32_t(n) << 23;
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
-AB_AVX2 __m256 exp_avx2(__m256 x) {
-  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(kLn2Hi)));
-  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(kLn2Lo)));
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
-  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23)));
 }
 
 // out = SiLU(g) · u = (g / (1 + exp(−g))) · u
@@ -282,16 +226,30 @@ class Decoder {
 
   // tokens, positions [B, M]; keys / values per layer [B, Hkv, C, Dh]; mask [B, 1, 1, C] bool or none;
   // embedded [B·M, D]: the rows' embeddings where the caller computed them (else the embedding table's rows).
-  // Returns logits [B, keep, V] of each b's last `keep` rows (keep = 0: all M), or their final hidden states
-  // [B, keep, D] before the head with `hidden_only`.
+  // taps [J, B·M, D] fp32 (or none): taps[j] receives every row's residual stream h entering layer tap_layers[j]
+  // (tap_layers[j] = L: the last layer's output, before the final norm), what an EAGLE head reads as features.
+  // Returns logits [B, keep, V] of each b's last `keep` rows (keep = 0: all M).
   at::Tensor step(const at::Tensor& tokens, const at::Tensor& positions, int64_t start, const std::vector<at::Tensor>& keys,
                   const std::vector<at::Tensor>& values, const OptTensor& mask, int64_t keep, int64_t isa,
-                  const OptTensor& embedded) {
+                  const OptTensor& embedded, const std::vector<int64_t>& tap_layers, const OptTensor& taps) {
     TORCH_CHECK(tokens.dim() == 2 && positions.sizes() == tokens.sizes(), "decoder: tokens and positions are [B, M]");
     TORCH_CHECK(int64_t(keys.size()) == layers() && int64_t(values.size()) == layers(), "decoder: one cache per layer");
     const int64_t B = tokens.size(0), M = tokens.size(1), R = B * M, D = hidden_, Dh = head_dim_;
     const int64_t H = heads_, Hkv = kv_heads_, I = intermediate_;
     TORCH_CHECK(R > 0, "decoder: no rows");
+    float* tapp = nullptr;
+    if (!tap_layers.empty()) {
+      TORCH_CHECK(taps && taps->scalar_type() == at::kFloat && taps->is_contiguous() &&
+                      taps->numel() == int64_t(tap_layers.size()) * R * D,
+                  "decoder: taps must be a contiguous fp32 [J, B·M, D] tensor for J tap layers");
+      for (int64_t k : tap_layers) TORCH_CHECK(k >= 0 && k <= layers(), "decoder: tap layer ", k, " outside 0..", layers());
+      tapp = taps->data_ptr<float>();
+    }
+    // h into taps[j] wherever tap_layers[j] == l (l = L: after the last layer)
+    auto tap = [&](int64_t l, const float* h) {
+      for (size_t j = 0; j < tap_layers.size(); ++j)
+        if (tap_layers[j] == l) std::memcpy(tapp + int64_t(j) * R * D, h, R * D * sizeof(float));
+    };
     const auto began = Clock::now();
     const int64_t capacity = keys[0].size(2);
     TORCH_CHECK(start >= 0 && start + M <= capacity, "decoder: the cache holds ", capacity, " positions, not ", start + M);
@@ -331,6 +289,7 @@ class Decoder {
     const bool vector = isa != 0 && Dh % 8 == 0;
     for (int64_t l = 0; l < layers(); ++l) {
       const Layer& layer = layers_[l];
+      if (tapp) tap(l, hp);
       const float* cosp = cos_[layer.table].data_ptr<float>();
       const float* sinp = sin_[layer.table].data_ptr<float>();
       norm_rows(hp, layer.input_norm.data_ptr<float>(), R, D, xp);
@@ -394,6 +353,7 @@ class Decoder {
       });
       add_block(hp, run(layer.down, act, isa), layer.mlp_out_norm, R, D);
     }
+    if (tapp) tap(layers(), hp);
     const int64_t kept = (keep <= 0 || keep > M) ? M : keep;
     at::Tensor last = at::empty({B * kept, D}, at::kFloat);
     float* lp = last.data_ptr<float>();

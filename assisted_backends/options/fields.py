@@ -1,8 +1,9 @@
 """Every GenerationConfig field, classified: honoured, refused by name, or without effect on the tokens; and
 every refusal a call's planning raises, each with its reason and fix, in one place: config fields, `generate`
 arguments and forward inputs, outputs, what a queue of prompts cannot serve per prompt (the tables below),
-every other refusal of planning by key (`REFUSALS`, raised through `options.errors.refusal`), and the range
-checks of `options.ranges` (`RANGE_CHECKS`: torch-free, so the CLI runs them on its flags before torch loads).
+and every other refusal of planning by key (`REFUSALS`, raised through `options.errors.refusal`), the range
+checks' of `options.ranges` among them (`RANGE_CHECKS`: torch-free, so the CLI runs them on its flags before
+torch loads).
 The drafting options' names and the γ defaults are stated here too, once, for the API, the queue and the CLI.
 
 `tests/options/test_generation_config.py` checks that the three sets cover every field of the installed
@@ -130,6 +131,23 @@ SUFFIX_CACHE_REFUSED = {
 # "unsupported" (a `NotImplementedError` too), "type" (a `TypeError` too).
 RefusalKind = Literal["value", "unsupported", "type"]
 REFUSALS: dict[str, tuple[RefusalKind, str]] = {
+    # ranges and combinations (`options.ranges`: torch-free, the CLI checks its flags with them too)
+    "integer_type": ("type", "{name} must be an int, got {found}; pass {option}=int(...)"),
+    "integer_minimum": ("value", "{name} must be >= {minimum}, got {value}"),
+    "temperature": ("value", "{name} must be > 0 when sampling, got {value}; use greedy decoding for temperature 0"),
+    "top_k": ("value", "{name} must be >= 0 (0 keeps every token), got {value}"),
+    "top_p": ("value", "{name} must be in (0, 1], got {value}"),
+    "repetition_penalty": ("value", "{name} must be > 0 (1.0 = none), got {value}"),
+    "drafting_with_suffix": ("value", "choose one way of drafting, got {d0} and {d1}: {reason}"),
+    "drafting_several": ("value", "choose one way of drafting, got {listed}"),
+    "lookup_count": ("value", "{name} must be an integer >= 1 (tokens proposed per round), got {value}"),
+    "not_one_of": ("value", "{name} is not one of {choices}"),
+    "static_dynamic": ("value", "{shapes} needs the static cache layout; drop {layout}"),
+    "adaptive_static": ("value", "{schedule} varies γ, which static shapes forbid; use {constant}"),
+    "early_exit_range": ("value", "{name} must be between 1 and {last} (the target has {layers} layers), got "
+                         "{value}"),
+    "positions": ("value", "prompt ({prompt} tokens) + {name} ({new}) = {total} exceeds the target's {limit} "
+                  "positions; shorten the prompt or lower {name}"),
     # a call's arguments (`options.resolve`)
     "unknown_argument": ("type", "generate() got an unexpected keyword argument '{name}' (not a GenerationConfig "
                          "field nor an input of the model's forward)"),
@@ -200,8 +218,8 @@ REFUSALS: dict[str, tuple[RefusalKind, str]] = {
     "live_static": ("value", "{name} is not served by a live queue (its batch grows and shrinks); drop it"),
     "live_nothing": ("value", "{name} has nothing pending: call when a prompt has arrived"),
 }  # fmt: skip
-# The checks of `options.ranges` (plain Python, no torch): the range and combination rules of the options, each
-# refusal written once in its check. Planning runs them on a call's values, the CLI on its flags.
+# The checks of `options.ranges` (plain Python, no torch): the range and combination rules of the options, their
+# refusals in `REFUSALS`. Planning runs them on a call's values, the CLI on its flags.
 RANGE_CHECKS = (
     "check_integer", "check_sampling", "check_drafting", "check_shapes", "check_early_exit", "check_positions",
     "check_streaming", "check_queue_arguments", "check_target_length",

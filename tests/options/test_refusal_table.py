@@ -17,11 +17,11 @@ import assisted_backends
 from assisted_backends.options import errors, fields, ranges
 
 PACKAGE = Path(assisted_backends.__file__).parent
-# The modules a call's planning runs (`api.plan.plan_generation` and what it calls to decide): each raise in them
-# is `raise refusal(...)` (the table), a range check's, or a re-raise.
+# The modules a call's planning runs (`api.plan.plan_generation` and what it calls to decide), the CLI's shared
+# checks (`options.ranges`) among them: each raise in them is `raise refusal(...)`, from the table.
 PLANNING = (
     "api/plan.py", "api/generation.py", "api/queue.py", "drafters/factory.py", "options/resolve.py",
-    "options/prompt.py", "options/criteria.py", "options/processors.py",
+    "options/ranges.py", "options/prompt.py", "options/criteria.py", "options/processors.py",
 )  # fmt: skip
 # `raise OptionError(` outside `options/`, left where they are deliberately: (file, reason).
 LEFT_OUTSIDE = {
@@ -75,7 +75,7 @@ def test_each_refusal_is_one_line_naming_an_option(key):
     kind, template = fields.REFUSALS[key]
     assert kind in errors.KINDS and "\n" not in template
     assert re.search(r"\{[a-z_]+\}", template), "names no option"
-    slots = set(re.findall(r"\{([a-z_]+)\}", template))
+    slots = set(re.findall(r"\{([a-z_0-9]+)\}", template))
     error = errors.refusal(key, {slot: 7 for slot in slots if slot not in ("name", "shapes", "rows")},
                            name="max_new_tokens", shapes="static_shapes", rows="input_ids")  # fmt: skip
     assert "{" not in str(error) and isinstance(error, errors.KINDS[kind])

@@ -1,4 +1,5 @@
-"""`run`: the short step of a call. Prepare the models, build runners and the drafter, decode, assemble.
+"""`run`: the short step of a call. Prepare the models, build the decoding state (`engine.state.DecodingState`:
+buffer, runners, drafter, selector, settings, statistics, schedule), decode, assemble.
 
 `decode_plan` is the part a queue of prompts shares (`api.queue`): it takes the queue's `Refill` and the
 processors of its first rows, and returns the buffer whose `results` hold every row's new tokens."""
@@ -14,16 +15,15 @@ from transformers import PreTrainedModel
 from assisted_backends.api import model_state
 from assisted_backends.api.plan import GenerationPlan
 from assisted_backends.api.streaming import StreamSink
-from assisted_backends.backends.base import Backend
+from assisted_backends.backends.base import Backend, unprepared
 from assisted_backends.distributed import agreement
 from assisted_backends.drafters.factory import build_drafter
 from assisted_backends.engine.joins import Refill
-from assisted_backends.engine.kv_cache import make_layout
 from assisted_backends.engine.loop import decode
 from assisted_backends.engine.outputs import CommittedScores
-from assisted_backends.engine.round import LoopSettings
-from assisted_backends.engine.runner import ModelRunner
+from assisted_backends.engine.runner import RunnerBuilder
 from assisted_backends.engine.sampling import TokenSelector
+from assisted_backends.engine.state import DecodingState, LoopSettings
 from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.engine.stopping import StopCheck
 from assisted_backends.engine.tokens import TokenBuffer
@@ -116,18 +116,13 @@ def decode_plan(
         )
         buffer.batched = buffer.batched or queue is not None  # a queue's rows are realigned even in one slot
 
-        def runner(
-            m: PreTrainedModel, rows: list[int] | None = None, head_on_demand: bool = False, limit: int | None = None
-        ) -> ModelRunner:
-            """A runner for `m` over the batch's rows (`rows`: those batch positions only)."""
-            row_pads = pads if rows is None else [pads[b] for b in rows]
-            layout = make_layout(
-                plan.layout, m, torch.tensor(row_pads, device=device), plan.capacity, plan.padding.bucket
-            )
-            return ModelRunner(m, layout, backend.step_boundary, head_on_demand, limit)
-
-        target_runner = runner(target, head_on_demand=plan.head_on_demand, limit=facts.max_positions)
-        target_runner.inputs_from = buffer if buffer.columns else None
+        runner = RunnerBuilder(
+            plan.layout, plan.capacity, plan.padding.bucket, buffer.padding, backend.step_boundary, unprepared
+        )  # a draft's runners too (`drafters.factory`): each over the buffer's rows and padding, or some rows
+        target_runner = runner(
+            target, head_on_demand=plan.head_on_demand, limit=facts.max_positions,
+            inputs=buffer if buffer.columns else None,
+        )  # fmt: skip
         drafter = build_drafter(
             plan.draft, target_runner, draft, runner, plan.static_shapes, len(pads), facts.vocab_size,
             rowwise=queue is not None,
@@ -153,29 +148,30 @@ def decode_plan(
         outputs = options.outputs
         wants_outputs = outputs.scores or outputs.logits
         record = CommittedScores(len(options.user_pad), outputs.logits, outputs.scores) if wants_outputs else None
+        state = DecodingState.build(
+            target=target_runner,
+            drafter=drafter,
+            buffer=buffer,
+            selector=TokenSelector(options.sampling, processors, plan.bucket_pad, row_processors),
+            generator=backend.generator(seed),
+            settings=LoopSettings(
+                options.max_new_tokens,
+                torch.tensor(options.eos_ids, device=device) if options.eos_ids else None,
+                plan.static_shapes,
+                backend.synchronize,
+                stop=StopCheck(options.criteria.asked, plan.bucket_pad) if options.criteria.asked else None,
+                on_commit=sink.commit if sink is not None else None,
+                record=record,
+                refill=queue.refill if queue is not None else None,
+            ),
+            stats=stats,
+            schedule=(ranks.schedule(schedule) if ranks else schedule) if drafter else None,
+        )
         if sink is not None:
             sink.start(options.input_ids)
         # multi-rank: errors name rank and step; tokens compared
         with agreement.watched(ranks, buffer, stats) if ranks is not None else nullcontext():
-            decode(
-                target=target_runner,
-                drafter=drafter,
-                buffer=buffer,
-                selector=TokenSelector(options.sampling, processors, plan.bucket_pad, row_processors),
-                schedule=(ranks.schedule(schedule) if ranks else schedule) if drafter else None,
-                generator=backend.generator(seed),
-                settings=LoopSettings(
-                    options.max_new_tokens,
-                    torch.tensor(options.eos_ids, device=device) if options.eos_ids else None,
-                    plan.static_shapes,
-                    backend.synchronize,
-                    stop=StopCheck(options.criteria.asked, plan.bucket_pad) if options.criteria.asked else None,
-                    on_commit=sink.commit if sink is not None else None,
-                    record=record,
-                    refill=queue.refill if queue is not None else None,
-                ),
-                stats=stats,
-            )
+            decode(state)
     return buffer, stats, record
 
 

@@ -107,7 +107,8 @@ class ModelDrafter(Drafter):
         self.runner.rollback(min(self.runner.length, buffer.length - 1))
 
     def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
-        self.runner.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
+        """The cache's rows follow the buffer's (whose padding the runner reads: nothing to send)."""
+        self.runner.move_rows(move, buffer.length - 1)
 
     def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
         """The draft's cache holds columns [0, runner.length) of every row: the joining row's prompt tokens among

@@ -8,10 +8,38 @@ batch dimension B and never leave the device, so the accepted count needs no hos
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from assisted_backends.engine.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What one target pass decided, in one shape whichever way it verified (greedy, sampling, the head on demand, a
+    token tree, or the prompt pass with nothing drafted): per row n_b drafts accepted (`accepted` [B]) and the
+    target's own token y_b after them (`next_token` [B]); the raw `logits` [B, m', V] and processed `scores`
+    [B, m', V] (None when the head ran on demand) of the positions computed, m' ≤ m = `drafts` + 1.
+
+    `drafts`: the draft tokens laid out as a chain from the round's first column (a tree: its accepted path);
+    `verified`: the draft tokens the pass scored (the statistics' drafted: a tree's nodes); `scheduled`: the chain's
+    γ the schedule's model sees; `fed`: positions the pass fed (what it is priced by); `tree`: a token tree."""
+
+    accepted: torch.Tensor
+    next_token: torch.Tensor
+    logits: torch.Tensor
+    scores: torch.Tensor | None
+    drafts: int
+    verified: int
+    scheduled: int
+    fed: int
+    tree: bool = False
+
+    @property
+    def skipped(self) -> int:
+        """Verified positions whose logits were never computed (`engine.head_on_demand`)."""
+        return self.drafts + 1 - self.logits.shape[1]
 
 
 def leading_true(matches: torch.Tensor) -> torch.Tensor:

@@ -88,13 +88,15 @@ class DraftFailedWarning(RuntimeWarning):
 
 
 class GuardedDrafter:
-    """The loop's handle on a drafter (or on none): every call guarded, so that the first exception the draft
-    raises becomes one `DraftFailedWarning` and the call goes on with plain rounds (`active` False from then on).
-    The drafter sees the committed tokens (`prefill`) only when first asked to draft (`ready`), so a schedule that
-    never speculates never pays for it."""
+    """The loop's handle on a drafter (or on none) and the call's token buffer: every call guarded, so that the first
+    exception the draft raises becomes one `DraftFailedWarning` and the call goes on with plain rounds (`active`
+    False from then on). The drafter sees the committed tokens (`prefill`) only when first asked to draft (`ready`),
+    so a schedule that never speculates never pays for it. The buffer is the one the state holds: the round hands it
+    on to the drafter, never the other way round."""
 
-    def __init__(self, drafter: Drafter | None) -> None:
+    def __init__(self, drafter: Drafter | None, buffer: TokenBuffer) -> None:
         self.drafter = drafter  # kept after a failure, for the statistics
+        self.buffer = buffer
         self.active = drafter is not None
         self._prefilled = False
 
@@ -114,39 +116,37 @@ class GuardedDrafter:
     def name(self) -> str:
         return self.drafter.name if self.drafter is not None else "no draft"
 
-    def ready(self, buffer: TokenBuffer) -> bool:
+    def ready(self) -> bool:
         """Whether the drafter can propose; the first time, it sees the committed tokens (`Drafter.prefill`)."""
         if self.active and not self._prefilled:
             self._prefilled = True
-            self._call(self.drafter.prefill, buffer)
+            self._call(self.drafter.prefill, self.buffer)
         return self.active
 
-    def propose(
-        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> Proposal:
+    def propose(self, gamma: int, selector: TokenSelector, generator: torch.Generator | None) -> Proposal:
         """Up to γ draft tokens at buffer.ids[:, length : length + γ] (none when γ = 0 or the draft failed)."""
         if gamma == 0 or not self.active:
             return Proposal(0)
-        proposal = self._call(self.drafter.propose, buffer, gamma, selector, generator)
+        proposal = self._call(self.drafter.propose, self.buffer, gamma, selector, generator)
         return proposal if proposal is not None else Proposal(0)
 
-    def rollback(self, buffer: TokenBuffer) -> None:
+    def rollback(self) -> None:
         if self.active:
-            self._call(self.drafter.rollback, buffer)
+            self._call(self.drafter.rollback, self.buffer)
 
-    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
+    def move_rows(self, move: RowMove) -> None:
         if self.active:
-            self._call(self.drafter.move_rows, move, buffer)
+            self._call(self.drafter.move_rows, move, self.buffer)
 
-    def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
+    def insert_row(self, position: int, width: int, pad_id: int) -> None:
         if self.active:
-            self._call(self.drafter.insert_row, buffer, position, width, pad_id)
+            self._call(self.drafter.insert_row, self.buffer, position, width, pad_id)
 
-    def note_stop(self, buffer: TokenBuffer, stats: GenerationStats) -> None:
+    def note_stop(self, stats: GenerationStats) -> None:
         """Record when and why drafting stopped for the rest of the call (once)."""
         if self.drafter is not None and self.drafter.stopped is not None and stats.drafting_stopped is None:
             stats.drafting_stopped = self.drafter.stopped
-            stats.drafting_stopped_at = sum(buffer.new_tokens)
+            stats.drafting_stopped_at = sum(self.buffer.new_tokens)
 
     @property
     def forward_count(self) -> int:

@@ -104,15 +104,20 @@ class HeadSplit:
     some row accepts x_1 (exponentially weighted, from 1/2): worth it while π < 1 − t_1 / t_rest. Both
     times are measured on split rounds; until t_rest is known the split is taken while π < 1/2.
     Measured on Gemma 3 270M (1 thread): t_1 / t_rest ≈ 0.4 in fp32, 0.75 in bf16.
+    `head`: the target's head on demand; while its check has not passed (`OnDemandHead.checked`) no round splits.
+    Whether a call has a split at all is decided once, when its decoding state is built (`engine.state`).
     """
 
-    def __init__(self, weight: float = 0.3) -> None:
+    def __init__(self, head: OnDemandHead | None = None, weight: float = 0.3) -> None:
+        self.head = head
         self.weight = weight
         self.first_accepted = 0.5  # π
         self.first_s: float | None = None  # t_1
         self.rest_s: float | None = None  # t_rest
 
     def wanted(self) -> bool:
+        if self.head is not None and not self.head.checked():
+            return False  # the head alone did not reproduce the model's logits: the model's own path
         if self.first_s is None or self.rest_s is None:
             return self.first_accepted < 0.5
         return self.first_accepted < 1.0 - self.first_s / max(self.rest_s, 1e-9)

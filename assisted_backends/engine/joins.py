@@ -47,9 +47,11 @@ from transformers.generation.logits_process import LogitsProcessor
 
 from assisted_backends.engine.kv_cache import bucketed
 from assisted_backends.engine.realign import RowMove, widen
-from assisted_backends.engine.runner import ModelRunner
+from assisted_backends.engine.runner import Runner
 from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.engine.tokens import RowStarts, TokenBuffer
+
+MoveRows = Callable[[RowMove, list[int], int], None]  # (move, the rows' new padding, their shared length after)
 
 
 @dataclass(frozen=True)
@@ -116,20 +118,19 @@ class Joined:
     pad: int
 
 
-def make_room(buffer: TokenBuffer, target: ModelRunner, prompt_length: int, move_drafter: Callable) -> None:
-    """Move every row right so that a prompt of `prompt_length` tokens fits before the newest column (step 1)."""
+def make_room(buffer: TokenBuffer, prompt_length: int, move_rows: MoveRows) -> None:
+    """Move every row right so that a prompt of `prompt_length` tokens fits before the newest column (step 1):
+    one `move_rows(move, pad, length)` through the buffer, the target's cache and the drafter
+    (`engine.state.DecodingState.move_rows`)."""
     columns = prompt_length + 1 - buffer.length
     if columns <= 0:
         return
     move, pad = widen(buffer.pad, columns, buffer.ids.device)
-    buffer.move_rows(move, pad, move.kept)
-    buffer.length += columns
-    target.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
-    move_drafter(move)
+    move_rows(move, pad, buffer.length + columns)
 
 
 def prefill_row(
-    buffer: TokenBuffer, target: ModelRunner, refill: Refill, position: int, arrival: Arrival, choose_first: Callable
+    buffer: TokenBuffer, target: Runner, refill: Refill, position: int, arrival: Arrival, choose_first: Callable
 ) -> Joined:
     """Steps 2-4 for `arrival` at batch `position` (room made): its tokens, its pass, its first token."""
     prompt = arrival.prompt.to(buffer.ids.device)
@@ -162,14 +163,12 @@ def free_slots(live: list[bool], pending: int) -> list[int]:
     return [b for b, alive in enumerate(live) if not alive][:pending]
 
 
-def grow(buffer: TokenBuffer, target: ModelRunner, rows: int, move_drafter: Callable) -> None:
-    """Live queues: `rows` more batch positions at the end, copies of row 0 (one `RowMove` through the buffer, the
+def grow(buffer: TokenBuffer, rows: int, move_rows: MoveRows) -> None:
+    """Live queues: `rows` more batch positions at the end, copies of row 0 (one `move_rows` through the buffer, the
     target's cache and the drafter) that a joining prompt overwrites, as it overwrites a finished row's slot."""
     batch = len(buffer.pad)
     kept = tuple(range(batch)) + (0,) * rows
     device = buffer.ids.device
     move = RowMove(torch.tensor(kept, device=device), torch.zeros(len(kept), dtype=torch.long, device=device),
                    (0,) * len(kept), kept)  # fmt: skip
-    buffer.move_rows(move, [*buffer.pad, *([buffer.pad[0]] * rows)], kept)
-    target.move_rows(move, buffer.pad_tensor(), buffer.length - 1)
-    move_drafter(move)
+    move_rows(move, [*buffer.pad, *([buffer.pad[0]] * rows)], buffer.length)

@@ -19,16 +19,31 @@ from transformers import PreTrainedModel
 from assisted_backends import hf_compat
 from assisted_backends.engine.cache_surgery import move_cache_rows, write_cache_row
 from assisted_backends.engine.realign import RowMove
+from assisted_backends.engine.tokens import RowPadding
 
 
 class CacheLayout(ABC):
-    """One model's KV cache plus the bookkeeping the runner needs to call the model."""
+    """One model's KV cache plus the bookkeeping the runner needs to call the model.
+
+    `padding`: each row's left padding (masked out). Given the token buffer's `RowPadding`, the layout reads the
+    buffer's own (held once: moving the buffer's rows moves it); given a tensor [B], the layout holds its own.
+    """
 
     name: str
 
-    def __init__(self, pad: torch.Tensor) -> None:
-        self.pad = pad  # [B] left-padding positions per row (masked out)
+    def __init__(self, pad: torch.Tensor | RowPadding) -> None:
+        self.padding = RowPadding.of(pad)
         self.length = 0  # positions written and valid, padding included
+
+    @property
+    def pad(self) -> torch.Tensor:
+        """[B] left-padding positions per row, on the device."""
+        return self.padding.tensor
+
+    @pad.setter
+    def pad(self, pad: torch.Tensor) -> None:
+        """A padding of this layout's own from now on (a draft whose columns are not the buffer's)."""
+        self.padding = RowPadding.of(pad)
 
     @property
     @abstractmethod
@@ -45,19 +60,18 @@ class CacheLayout(ABC):
     def rollback(self, length: int) -> None:
         """Forget every position at index >= `length`."""
 
-    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
+    def move_rows(self, move: RowMove, length: int) -> None:
         """Batches (`engine.realign`): move every row's cached positions by its shift and keep at most `length`
-        (fewer when a row moved left past what was written); `pad` [B'] is each row's new left padding."""
-        self.pad = pad
+        (fewer when a row moved left past what was written); the rows' new padding is the buffer's, moved first."""
         keep = max(0, min(length, self.length + min(move.shifts))) if self.length > 0 else 0  # empty stays empty
         if self.length > 0:
             move_cache_rows(self.cache, move, self.length, keep, in_place=self._in_place)
         self.length = keep
 
     def set_row_pad(self, position: int, pad: int) -> None:
-        """Queues (`engine.joins`): the row at batch `position` has a new occupant behind `pad` columns of padding."""
-        self.pad = self.pad.clone()
-        self.pad[position] = pad
+        """Queues (`engine.joins`): the row at batch `position` has a new occupant behind `pad` columns of padding
+        (already so when the padding is the buffer's, which placed the row)."""
+        self.padding.set_row(position, pad)
 
     def write_row(
         self,
@@ -88,17 +102,16 @@ class DynamicLayout(CacheLayout):
     name = "dynamic"
     _in_place = False
 
-    def __init__(self, model: PreTrainedModel, pad: torch.Tensor) -> None:
+    def __init__(self, model: PreTrainedModel, pad: torch.Tensor | RowPadding) -> None:
         super().__init__(pad)
         self._cache = hf_compat.new_dynamic_cache(model)
-        self._has_padding = bool(pad.any())
 
     @property
     def cache(self):
         return self._cache
 
     def attention_mask(self, query_length: int) -> torch.Tensor | None:
-        if not self._has_padding:
+        if not self.padding.any():
             return None  # no padding: the model's own causal mask is exact and cheapest
         return self._padding_mask(self.length + query_length)
 
@@ -106,14 +119,6 @@ class DynamicLayout(CacheLayout):
         if length < self.length:
             hf_compat.crop_dynamic_cache(self._cache, length)
             self.length = length
-
-    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
-        super().move_rows(move, pad, length)
-        self._has_padding = bool(pad.any())
-
-    def set_row_pad(self, position: int, pad: int) -> None:
-        super().set_row_pad(position, pad)
-        self._has_padding = bool(self.pad.any())
 
     def one_row(self, model: PreTrainedModel, pad: int, width: int) -> DynamicLayout:
         return DynamicLayout(model, torch.tensor([pad], device=self.pad.device))
@@ -123,17 +128,17 @@ class StaticLayout(CacheLayout):
     name = "static"
     _in_place = True  # graphs captured the cache's addresses
 
-    def __init__(self, model: PreTrainedModel, pad: torch.Tensor, capacity: int) -> None:
+    def __init__(self, model: PreTrainedModel, pad: torch.Tensor | RowPadding, capacity: int) -> None:
         super().__init__(pad)
         self.capacity = capacity
         self._cache = hf_compat.new_static_cache(
             model,
-            batch_size=pad.shape[0],
+            batch_size=len(self.padding.host),
             max_cache_len=capacity,
             dtype=hf_compat.activation_dtype(model),
             device=hf_compat.model_device(model),
         )
-        self._mask = self._padding_mask(capacity)  # [B, capacity], fixed for the whole generation
+        self._mask, self._mask_of = self._padding_mask(capacity), self._padding_key()  # [B, capacity]
 
     @property
     def cache(self):
@@ -144,6 +149,8 @@ class StaticLayout(CacheLayout):
             raise RuntimeError(
                 f"static KV cache overflow: {self.length} + {query_length} positions > capacity {self.capacity}"
             )
+        if self._mask_of != self._padding_key():  # rows moved or joined: the mask follows their padding
+            self._mask, self._mask_of = self._padding_mask(self.capacity), self._padding_key()
         return self._mask
 
     def rollback(self, length: int) -> None:
@@ -151,16 +158,14 @@ class StaticLayout(CacheLayout):
             self.length = length
             hf_compat.set_static_cache_length(self._cache, length)
 
-    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
+    def move_rows(self, move: RowMove, length: int) -> None:
         if move.keep is not None:
             raise RuntimeError("a static cache keeps its batch size: finished rows ride along, they never leave")
-        super().move_rows(move, pad, length)
+        super().move_rows(move, length)
         hf_compat.set_static_cache_length(self._cache, self.length)
-        self._mask = self._padding_mask(self.capacity)
 
-    def set_row_pad(self, position: int, pad: int) -> None:
-        super().set_row_pad(position, pad)
-        self._mask = self._padding_mask(self.capacity)
+    def _padding_key(self) -> tuple[int, int]:
+        return id(self.padding), self.padding.version
 
     def one_row(self, model: PreTrainedModel, pad: int, width: int) -> StaticLayout:
         """A fresh scratch layout of `width` columns (a prompt bucket): [1, width] fed on an empty [1, width] cache
@@ -174,8 +179,11 @@ def bucketed(length: int, bucket: int) -> int:
     return -(-length // bucket) * bucket
 
 
-def make_layout(name: str, model: PreTrainedModel, pad: torch.Tensor, capacity: int, bucket: int) -> CacheLayout:
-    """Layout `name` ("dynamic" or "static"); a static one is preallocated to `capacity` rounded up to `bucket`."""
+def make_layout(
+    name: str, model: PreTrainedModel, pad: torch.Tensor | RowPadding, capacity: int, bucket: int
+) -> CacheLayout:
+    """Layout `name` ("dynamic" or "static"); a static one is preallocated to `capacity` rounded up to `bucket`.
+    `pad`: the token buffer's `RowPadding` (shared), or a tensor [B] (a padding of the layout's own)."""
     if name == "static":
         return StaticLayout(model, pad, bucketed(capacity, bucket))
     return DynamicLayout(model, pad)

@@ -13,125 +13,76 @@ ended takes the next prompt (`engine.joins`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import torch
 
-from assisted_backends.engine.drafter import Drafter, GuardedDrafter
-from assisted_backends.engine.head_on_demand import HeadSplit
-from assisted_backends.engine.joins import Refill, ends_at_once, free_slots, grow, make_room, prefill_row
-from assisted_backends.engine.round import LoopSettings, choose_first, prefill, speculative_round
-from assisted_backends.engine.rows import LiveRows
-from assisted_backends.engine.runner import ModelRunner
-from assisted_backends.engine.sampling import TokenSelector
-from assisted_backends.engine.schedule import DraftSchedule
+from assisted_backends.engine.joins import ends_at_once, free_slots, grow, make_room, prefill_row
+from assisted_backends.engine.round import choose_first, prefill, speculative_round
+from assisted_backends.engine.state import DecodingState
 from assisted_backends.engine.stats import GenerationStats
-from assisted_backends.engine.tokens import RowStarts, TokenBuffer
+from assisted_backends.engine.tokens import RowStarts
 
 
-def decode(
-    target: ModelRunner,
-    drafter: Drafter | None,
-    buffer: TokenBuffer,
-    selector: TokenSelector,
-    schedule: DraftSchedule | None,
-    generator: torch.Generator | None,
-    settings: LoopSettings,
-    stats: GenerationStats,
-) -> GenerationStats:
-    """Generate into `buffer` until every row has max_new_tokens or its EOS; fill and return `stats`.
+def decode(state: DecodingState) -> GenerationStats:
+    """Generate into the state's buffer until every row has max_new_tokens or its EOS; fill and return its stats.
 
     The prompt pass (`engine.round.prefill`), then rounds (`engine.round.speculative_round`) of the length the
-    schedule picks. Several rows: after each round the rows realign (`LiveRows.settle`). A queue
+    schedule picks. Several rows: after each round the rows realign (`DecodingState.settle`). A queue
     (`settings.refill`): after the prefill and after every round, the slot of each row that ended takes the
     next prompt (`engine.joins`), until the queue is empty and every row has ended. A draft that raises
     is dropped with one warning (`DraftFailedWarning`) and the call goes on with plain rounds.
     """
     started = time.perf_counter()
-    refill = settings.refill
-    drop_finished = not settings.static_shapes and target.layout.name == "dynamic"
-    rows = LiveRows(buffer.ids.shape[0], buffer.filler_rows, stats, drop_finished, _on_finish(refill, selector))
-    guarded = GuardedDrafter(drafter)
+    buffer, rows, settings, schedule, stats = state.buffer, state.rows, state.settings, state.schedule, state.stats
 
-    prefill(target, buffer, rows, selector, generator, settings)
-    if drop_finished and any(rows.live) and not all(rows.live):  # rows done at once leave (static: they ride)
-        rows.realign(buffer, target, guarded, [0] * len(rows.live), buffer.length, _reserve(refill))
-    # greedy: the head on demand (`engine.head_on_demand`), once the prefill has checked it
-    split = HeadSplit() if target.head_ready and not selector.do_sample and settings.record is None else None
+    prefill(state)
+    if rows.drop_finished and any(rows.live) and not all(rows.live):  # rows done at once leave (static: they ride)
+        state.realign([0] * len(rows.live), buffer.length)
     settings.synchronize()
     prefill_done = time.perf_counter()
     if schedule is not None:
         schedule.observe_prefill(prefill_done - started)
-    if refill is not None:  # rows that ended at their first token: their slots take the next prompts
-        _refill(buffer, rows, target, guarded, selector, generator, settings)
+    if settings.refill is not None:  # rows that ended at their first token: their slots take the next prompts
+        _refill(state)
 
     while any(rows.live):
         if schedule is not None:
             schedule.observe_batch(buffer.ids.shape[0])  # the rows this round feeds: its costs depend on them
-        gamma = schedule.draft_length() if (guarded.active and schedule is not None) else 0
+        gamma = schedule.draft_length() if (state.drafter.active and schedule is not None) else 0
         if not settings.static_shapes:  # never draft what cannot be committed
-            left = max(settings.limit(buffer.caller_rows[b]) - buffer.new_tokens[b] for b in rows.positions())
-            gamma = min(gamma, left - 1)
-        observation = speculative_round(
-            gamma, target, guarded, buffer, rows, selector, generator, settings, split, _reserve(refill)
-        )
+            gamma = min(gamma, state.tokens_left() - 1)
+        observation = speculative_round(state, gamma)
         if schedule is not None:
             schedule.update(observation)
-        if refill is not None:
-            _refill(buffer, rows, target, guarded, selector, generator, settings)
+        if settings.refill is not None:
+            _refill(state)
 
     settings.synchronize()
     finished_at = time.perf_counter()
     stats.new_tokens = sum(row.new_tokens for row in rows.stats)
     stats.prefill_s = prefill_done - started
     stats.decode_s = finished_at - prefill_done
-    stats.target_forwards = target.forward_count
-    stats.draft_forwards = guarded.forward_count
+    stats.target_forwards = state.target.forward_count
+    stats.draft_forwards = state.drafter.forward_count
     return stats
 
 
-def _reserve(refill: Refill | None) -> int:
-    """Finished rows that stay in the batch for a queue's next prompts to take their slots."""
-    return refill.queue.pending() if refill is not None else 0
-
-
-def _on_finish(refill: Refill | None, selector: TokenSelector) -> Callable[[int, torch.Tensor], None] | None:
-    """Queues: a row that ended drops its processors and is handed to the caller's `on_finish`."""
-    if refill is None:
-        return None
-
-    def finished(row: int, tokens: torch.Tensor) -> None:
-        selector.drop_row(row)
-        if refill.on_finish is not None:
-            refill.on_finish(row, tokens)
-        refill.limits.pop(row, None)
-
-    return finished
-
-
-def _refill(
-    buffer: TokenBuffer,
-    rows: LiveRows,
-    target: ModelRunner,
-    drafter: GuardedDrafter,
-    selector: TokenSelector,
-    generator: torch.Generator | None,
-    settings: LoopSettings,
-) -> None:
+def _refill(state: DecodingState) -> None:
     """Queues (`engine.joins`): rows whose caller left end; the slot of every row that ended takes the next prompt,
     and the next again while the one that joined ends at its first token; a live queue's batch grows while prompts
     wait and no slot is free; then each generating row's new tokens go to `on_progress`."""
-    refill, stats = settings.refill, rows.total
+    buffer, rows, settings, selector = state.buffer, state.rows, state.settings, state.selector
+    refill, stats = settings.refill, state.stats
 
     def choose(logits: torch.Tensor, context: torch.Tensor, own: RowStarts) -> torch.Tensor:
-        return choose_first(logits, context, selector, generator, own)[0]
+        return choose_first(logits, context, selector, state.generator, own)[0]
 
-    _end_cancelled(buffer, rows, refill.queue.cancelled())
-    if refill.slots is not None and not settings.static_shapes and target.layout.name == "dynamic":
+    _end_cancelled(state, refill.queue.cancelled())
+    if refill.slots is not None and rows.drop_finished:
         wanted = refill.queue.pending() - len(free_slots(rows.live, refill.queue.pending()))
         extra = min(wanted, refill.slots - len(rows.live))
         if extra > 0:
-            grow(buffer, target, extra, lambda move: drafter.move_rows(move, buffer))
+            grow(buffer, extra, state.move_rows)
             rows.live.extend([False] * extra)
     for position in free_slots(rows.live, refill.queue.pending()):
         while refill.queue.pending() and not rows.live[position]:
@@ -140,17 +91,17 @@ def _refill(
             if arrival.max_new_tokens is not None:
                 refill.limits[arrival.index] = arrival.max_new_tokens
             length = arrival.prompt.shape[0]
-            make_room(buffer, target, length, lambda move: drafter.move_rows(move, buffer))
+            make_room(buffer, length, state.move_rows)
             selector.add_row(arrival.index, arrival.processors)
             rows.join(position, arrival.index, began - rows.started)
-            joined = prefill_row(buffer, target, refill, position, arrival, choose)
+            joined = prefill_row(buffer, state.target, refill, position, arrival, choose)
             limit = settings.limit(arrival.index)
             done = ends_at_once(joined, buffer, settings.eos_token_ids, settings.stop, limit)
-            rows.commit(buffer, {position: 1}, {position: done}, buffer.length - 1)
+            rows.commit({position: 1}, {position: done}, buffer.length - 1)
             if done:
                 selector.drop_row(arrival.index)
             else:
-                drafter.insert_row(buffer, position, refill.width(length), refill.pad_id)
+                state.drafter.insert_row(position, refill.width(length), refill.pad_id)
             stats.joins += 1
             stats.join_s += time.perf_counter() - began
     if refill.on_progress is not None:
@@ -161,11 +112,11 @@ def _refill(
         refill.on_round(stats)
 
 
-def _end_cancelled(buffer: TokenBuffer, rows: LiveRows, cancelled: list[int]) -> None:
+def _end_cancelled(state: DecodingState, cancelled: list[int]) -> None:
     """Live queues: the rows of callers who left end now, with what they committed (their slots free)."""
     if not cancelled:
         return
-    ending = set(cancelled)
-    for position in rows.positions():
+    ending, buffer = set(cancelled), state.buffer
+    for position in state.rows.positions():
         if buffer.caller_rows[position] in ending:
-            rows.commit(buffer, {position: 0}, {position: True}, buffer.length)
+            state.rows.commit({position: 0}, {position: True}, buffer.length)

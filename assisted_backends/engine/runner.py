@@ -1,10 +1,17 @@
-"""ModelRunner: one causal LM, its KV cache layout, and the one forward call the loop needs."""
+"""The runner: one causal LM, its KV cache layout, and the one forward call the loop needs.
+
+`Runner` is the interface the engine types against (`engine.round`, `engine.state`, `engine.joins`): what any model
+implementation must offer to be a target, whether transformers' modeling stepped eagerly, a graph-captured step or
+the native decoder, without the engine knowing which. `ModelRunner` is the package's one implementation, over any
+`CausalModel`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedModel
@@ -12,11 +19,10 @@ from transformers import PreTrainedModel
 from assisted_backends import hf_compat
 from assisted_backends.engine import cache_surgery
 from assisted_backends.engine.head_on_demand import OnDemandHead
-from assisted_backends.engine.kv_cache import CacheLayout
+from assisted_backends.engine.kv_cache import CacheLayout, make_layout
 from assisted_backends.engine.realign import RowMove
-from assisted_backends.engine.schedule import TreePrice
 from assisted_backends.engine.token_tree import MASK_IMPLEMENTATIONS, TokenTree, attention_mask
-from assisted_backends.engine.tokens import TokenBuffer
+from assisted_backends.engine.tokens import RowPadding, TokenBuffer
 
 
 class CausalModel(Protocol):
@@ -36,8 +42,54 @@ class CausalModel(Protocol):
     def __call__(self, *, input_ids: torch.Tensor, **kwargs: Any) -> Any: ...
 
 
+class FeatureTap(Protocol):
+    """A drafter reading the target's hidden states (`drafters.eagle.features.FeatureStore`): around every forward
+    of the target, `capture(start)` keeps the features of the positions fed from column `start`."""
+
+    def capture(self, start: int) -> Any: ...
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """What the engine asks of a target's runner (`tests/project/test_round_protocol.py` holds this list).
+
+    - `length`: positions its cache holds (left padding included); `forward_count`: passes so far;
+      `resizable`: rows may leave or join the batch (a dynamic cache; a static one keeps its batch size);
+      `head`: the output head on demand (`engine.head_on_demand`), or None where the model offers none.
+    - `forward(tokens [B, q], last_only, hidden_only)`: feed `tokens` after the cached positions; float logits
+      [B, q or 1, V], or with `hidden_only` the head's inputs [B, q, D].
+    - `forward_tree(tokens [1, N + 1], tree)`, `keep_path(begin, rows)`, `tree_refusal()`: token trees.
+    - `rollback(length)`: forget positions from `length` on. `move_rows(move, length)`: batches, the rows moved
+      (their padding is the token buffer's, moved first). `insert_row(...)`: queues, a prompt takes a slot.
+    - `tap_features(tap)`: a drafter reads the hidden states of every forward from now on (steps eagerly).
+    """
+
+    length: int
+    forward_count: int
+    resizable: bool
+    head: OnDemandHead | None
+
+    def forward(self, tokens: torch.Tensor, last_only: bool = False, hidden_only: bool = False) -> torch.Tensor: ...
+
+    def forward_tree(self, tokens: torch.Tensor, tree: TokenTree) -> torch.Tensor: ...
+
+    def keep_path(self, begin: int, rows: list[int]) -> None: ...
+
+    def tree_refusal(self) -> str | None: ...
+
+    def rollback(self, length: int) -> None: ...
+
+    def move_rows(self, move: RowMove, length: int) -> None: ...
+
+    def insert_row(
+        self, position: int, prompt: torch.Tensor, begin: int, keep: int, width: int, pad_id: int
+    ) -> torch.Tensor: ...
+
+    def tap_features(self, tap: FeatureTap) -> None: ...
+
+
 class ModelRunner:
-    """Feeds new tokens to a model on top of its cache and returns the logits.
+    """Feeds new tokens to a model on top of its cache and returns the logits (the `Runner` protocol).
 
     Position ids are computed here, not by the model, so left padding and rollback never confuse
     a model's own position bookkeeping. Positions of tokens beyond the model's range (only ever
@@ -48,7 +100,8 @@ class ModelRunner:
     once the first prefill showed that applying the head itself reproduces the model's logits.
     `position_limit`: the positions the model can encode (None: no clamping);
     `inputs_from`: a token buffer whose per-column forward inputs (`token_type_ids`, caller-given
-    `position_ids`) go with the fed columns.
+    `position_ids`) go with the fed columns; `eager`: the model a backend wrapped (a graph-captured step), stepped
+    instead once a drafter taps the hidden states (None: `model` itself runs eagerly).
     """
 
     def __init__(
@@ -59,6 +112,7 @@ class ModelRunner:
         head_on_demand: bool = False,
         position_limit: int | None = None,
         inputs_from: TokenBuffer | None = None,
+        eager: PreTrainedModel | None = None,
     ) -> None:
         self.layout = layout
         self.step_boundary = step_boundary
@@ -66,27 +120,34 @@ class ModelRunner:
         self.position_limit = position_limit
         self._max_position = position_limit - 1 if position_limit else None
         self.inputs_from = inputs_from
+        self._eager = eager
         self._bind(model)
         self.head = OnDemandHead.of(model) if head_on_demand else None
         self.tree_passes = 0  # token-tree verify passes (`forward_tree`)
-        self.tree_price = TreePrice()  # one row's rounds: chain or tree by measured cost
-        self.feature_tap = None  # a drafter reading hidden states (`drafters.eagle`): `.capture(start)` per forward
+        self.feature_tap: FeatureTap | None = None  # set by `tap_features`
 
     def run_eagerly(self) -> None:
-        """Step the model a backend wrapped (CUDA graphs name it `prepared_from`) directly, with the same cache:
-        for drafters that read hidden states with forward hooks, which a graph replay does not run."""
-        self._bind(getattr(self.model, "prepared_from", self.model))
+        """Step the model the backend wrapped (`eager`) directly, with the same cache: for drafters that read hidden
+        states with forward hooks, which a graph replay does not run."""
+        if self._eager is not None:
+            self._bind(self._eager)
+
+    def tap_features(self, tap: FeatureTap) -> None:
+        """From now on every forward runs inside `tap.capture(start)` (a drafter reading the target's hidden
+        states, `drafters.eagle`), eagerly; token trees are refused (such a drafter sees chains only)."""
+        self.run_eagerly()
+        self.feature_tap = tap
+
+    @property
+    def resizable(self) -> bool:
+        """Whether rows may leave or join the batch: a dynamic cache (a static one keeps its batch size)."""
+        return self.layout.name == "dynamic"
 
     def _bind(self, model: PreTrainedModel) -> None:
         """Step `model`, with what its forward accepts read once."""
         self.model = model
         self._pass_cache_position = hf_compat.forward_accepts(model, "cache_position")
         self._keep_last = hf_compat.logits_to_keep_kwargs(model, 1)
-
-    @property
-    def head_ready(self) -> bool:
-        """Whether `forward(..., hidden_only=True)` may be used (the head's check passed)."""
-        return self.head is not None and bool(self.head.checked())
 
     @property
     def length(self) -> int:
@@ -144,8 +205,10 @@ class ModelRunner:
     def tree_refusal(self) -> str | None:
         """Why this runner cannot verify a token tree (None: it can): trees need one row, a dynamic cache of plain
         layers (no window dropping positions, no tuple cache), and an attention that takes a 4-D mask."""
-        if self.layout.name != "dynamic" or self.layout.pad.shape[0] != 1 or bool(self.layout.pad.any()):
+        if self.layout.name != "dynamic" or len(self.layout.padding.host) != 1 or self.layout.padding.any():
             return "a token tree needs one row in a dynamic cache"
+        if self.feature_tap is not None:
+            return "a drafter reading the target's hidden states (EAGLE) sees chains only"
         if self.inputs_from is not None:
             return "a token tree cannot carry per-column inputs"
         layers = getattr(self.layout.cache, "layers", None)
@@ -242,6 +305,39 @@ class ModelRunner:
         self.layout.set_row_pad(position, pad)
         self.layout.write_row(position, source.layout, pad, pad, count, layers, source_row=position)
 
-    def move_rows(self, move: RowMove, pad: torch.Tensor, length: int) -> None:
-        """Batches: shift each row's cached positions (`engine.realign`); keep at most `length`."""
-        self.layout.move_rows(move, pad, length)
+    def move_rows(self, move: RowMove, length: int) -> None:
+        """Batches: shift each row's cached positions (`engine.realign`); keep at most `length`. The rows' padding is
+        the token buffer's (`RowPadding`), which moved first."""
+        self.layout.move_rows(move, length)
+
+
+@dataclass(frozen=True)
+class RunnerBuilder:
+    """The runners of one call (`api.run` makes it, `drafters.factory` calls it for a draft): over the token buffer's
+    rows (reading its `padding`) or some of them (`rows`: a padding of their own), a cache layout of the plan's kind
+    (`layout`, `capacity`, `bucket`), the backend's `step_boundary`, and `eager_of(model)`: the model a backend's
+    wrapper stepped, for a runner whose hidden states a drafter taps (`ModelRunner.tap_features`)."""
+
+    layout: str
+    capacity: int
+    bucket: int
+    padding: RowPadding
+    step_boundary: Callable[[], None] = lambda: None
+    eager_of: Callable[[PreTrainedModel], PreTrainedModel] | None = None
+
+    def __call__(
+        self,
+        model: PreTrainedModel,
+        rows: list[int] | None = None,
+        head_on_demand: bool = False,
+        limit: int | None = None,
+        inputs: TokenBuffer | None = None,
+    ) -> ModelRunner:
+        """A runner for `model`: `head_on_demand` as the plan decided, `limit` its positions, `inputs` the buffer
+        whose per-column inputs go with the fed columns."""
+        padding = self.padding
+        if rows is not None:
+            padding = torch.tensor([padding.host[b] for b in rows], device=padding.device)
+        layout = make_layout(self.layout, model, padding, self.capacity, self.bucket)
+        eager = self.eager_of(model) if self.eager_of is not None else None
+        return ModelRunner(model, layout, self.step_boundary, head_on_demand, limit, inputs, eager)

@@ -11,6 +11,7 @@ Processors that act on each row alone run once on all positions together.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -163,6 +164,18 @@ class TokenSelector:
     def greedy(self, logits: torch.Tensor, context: torch.Tensor, rows: RowStarts | None = None) -> torch.Tensor:
         """argmax tokens [B, q]."""
         return self.scores(logits, context, rows).argmax(dim=-1)
+
+    def greedy_from(
+        self, ids: torch.Tensor, start: int, rows: RowStarts | None = None
+    ) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """`choose(logits, end)`: the argmax tokens [B, q] of `logits` for positions end − q .. end − 1 of a pass whose
+        first position follows column start − 1 of `ids` [B, T] (each position's prefix ends at its own column):
+        what greedy verification with the head on demand asks for (`engine.head_on_demand`)."""
+
+        def choose(logits: torch.Tensor, end: int) -> torch.Tensor:
+            return self.greedy(logits, ids[:, : start + end - 1], rows)
+
+        return choose
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

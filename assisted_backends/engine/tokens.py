@@ -1,7 +1,13 @@
-"""TokenBuffer: the sequences being generated, preallocated once, and what travels with each column."""
+"""TokenBuffer: the sequences being generated, preallocated once, and what travels with each column.
+
+The buffer owns its state: `length` (the committed columns) and `new_tokens` (per row) change only through its
+own methods (`commit`, `end_round`, `move_rows`, `place_row`), and each row's left padding is
+held once (`RowPadding`), read by the cache layouts of the runners over the same rows.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +23,53 @@ class RowStarts:
     caller_rows: list[int]
 
 
+class RowPadding:
+    """Each row's left padding in columns, held once: the token buffer owns it (`host`, a list) and the cache
+    layouts of runners over the same rows read it (`tensor`, [B] on the device, made once per change). `version`
+    counts the changes, for layouts that keep something built from it (a static mask)."""
+
+    def __init__(self, pads: Sequence[int], device: torch.device | str = "cpu") -> None:
+        self.host = [int(pad) for pad in pads]
+        self.device = torch.device(device)
+        self.version = 0
+        self._tensor: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, pad: torch.Tensor | RowPadding) -> RowPadding:
+        """`pad` itself when it is a `RowPadding` (shared), else a new one holding the tensor's values."""
+        if isinstance(pad, RowPadding):
+            return pad
+        padding = cls(pad.tolist(), pad.device)
+        padding._tensor = pad
+        return padding
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """[B] the padding on the device."""
+        if self._tensor is None:
+            self._tensor = torch.tensor(self.host, device=self.device)
+        return self._tensor
+
+    def any(self) -> bool:
+        """Whether some row has padding (read on the host: no device sync)."""
+        return any(self.host)
+
+    def replace(self, pads: Sequence[int]) -> None:
+        """Every row's padding anew (rows moved, left or joined)."""
+        self.host = [int(pad) for pad in pads]
+        self._changed()
+
+    def set_row(self, position: int, pad: int) -> None:
+        """The row at batch `position` has `pad` columns of padding (a queue's prompt took its slot)."""
+        if self.host[position] != pad:
+            self.host[position] = int(pad)
+            self._changed()
+
+    def _changed(self) -> None:
+        self._tensor = None
+        self.version += 1
+
+
 class TokenBuffer:
     """Token ids [B, capacity] of which the first `length` columns are committed.
 
@@ -26,6 +79,7 @@ class TokenBuffer:
     (`engine.realign`); `caller_rows[b]` is the caller's index of the row at batch position b, `results`
     the new tokens of rows that finished (by the caller's index). The last `filler_rows` rows only fill a
     batch up to its bucket (static shapes): copies of row 0 that are never read.
+    `padding` is held here once and shared with the runners' cache layouts (`RowPadding`).
     `columns`: inputs given per prompt column (`token_type_ids`, `position_ids`, and an `attention_mask` with
     holes) [B, capacity], continued past the prompt as `model.generate` continues them (the last type repeated,
     positions + 1, new columns attended).
@@ -45,7 +99,7 @@ class TokenBuffer:
         self.ids[:, :prompt_length] = prompt
         self.length = prompt_length
         self.batched = batch > 1
-        self.pad = list(pad) if pad is not None else [0] * batch
+        self.padding = RowPadding(pad if pad is not None else [0] * batch, prompt.device)
         self.caller_rows = list(range(batch - filler_rows)) + [0] * filler_rows
         self.filler_rows = filler_rows
         self.new_tokens = [0] * batch  # committed after the prompt, per batch position
@@ -55,6 +109,11 @@ class TokenBuffer:
     @property
     def capacity(self) -> int:
         return self.ids.shape[1]
+
+    @property
+    def pad(self) -> list[int]:
+        """Each row's left padding (columns), on the host."""
+        return self.padding.host
 
     def committed(self) -> torch.Tensor:
         """[B, length] view of the committed tokens."""
@@ -71,7 +130,16 @@ class TokenBuffer:
 
     def pad_tensor(self) -> torch.Tensor:
         """[B] each row's left padding, on the buffer's device."""
-        return torch.tensor(self.pad, device=self.ids.device)
+        return self.padding.tensor
+
+    def commit(self, counts: dict[int, int]) -> None:
+        """Row b (batch position) committed counts[b] more tokens (their columns written by the round)."""
+        for b, count in counts.items():
+            self.new_tokens[b] += count
+
+    def end_round(self, length: int) -> None:
+        """After a round (or the prompt pass): every generating row's committed tokens end before column `length`."""
+        self.length = length
 
     def column_inputs(self, start: int, end: int) -> dict[str, torch.Tensor]:
         """The per-column forward inputs of columns [start, end) ([B, end − start] each), the mask excepted."""
@@ -100,7 +168,7 @@ class TokenBuffer:
         begin = self.length - 1 - prompt.shape[0]
         self.ids[position, :begin] = fill_value
         self.ids[position, begin : self.length - 1] = prompt
-        self.pad[position] = begin
+        self.padding.set_row(position, begin)
         self.caller_rows[position] = caller_row
         self.new_tokens[position] = 0
         return begin
@@ -109,13 +177,15 @@ class TokenBuffer:
         """The row at batch `position` as a one-row buffer, reading through to this one."""
         return OneRowView(self, position)
 
-    def move_rows(self, move: RowMove, pad: list[int], kept: tuple[int, ...]) -> None:
-        """Apply `move` to the ids (and column inputs); `pad` and `kept` (batch positions kept) describe the rows."""
+    def move_rows(self, move: RowMove, pad: list[int], length: int) -> None:
+        """Apply `move` to the ids (and column inputs): the rows kept (`move.kept`) with their new left padding
+        `pad`, every generating row ending before column `length` afterwards."""
         self.ids = move.apply(self.ids)
         self.columns = {name: move.apply(table) for name, table in self.columns.items()}
-        self.pad = pad
-        self.caller_rows = [self.caller_rows[b] for b in kept]
-        self.new_tokens = [self.new_tokens[b] for b in kept]
+        self.padding.replace(pad)
+        self.caller_rows = [self.caller_rows[b] for b in move.kept]
+        self.new_tokens = [self.new_tokens[b] for b in move.kept]
+        self.length = length
 
 
 class OneRowView(TokenBuffer):
@@ -126,7 +196,7 @@ class OneRowView(TokenBuffer):
 
     def __init__(self, parent: TokenBuffer, position: int) -> None:  # no own storage: nothing to allocate
         self.parent, self.position = parent, position
-        self.pad, self.columns = [parent.pad[position]], {}
+        self.padding, self.columns = RowPadding([parent.pad[position]], parent.ids.device), {}
 
     @property
     def ids(self) -> torch.Tensor:

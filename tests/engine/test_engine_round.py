@@ -3,8 +3,9 @@
 The invariants docs/design.md states for a round: a draft equal to the target's own continuation is accepted
 whole and commits γ + 1 tokens; a wrong first draft commits exactly the target's one token; either way the
 committed tokens are plain greedy decoding's, and afterwards the target's cache holds every committed column
-but the newest (pending). The prefill commits the first token through the same `commit`. A drafter that raises
-is dropped with one warning and the round goes on plain (`GuardedDrafter`).
+but the newest (pending). The prefill commits the first token through the same `verify` and `commit`. A drafter
+that raises is dropped with one warning and the round goes on plain (`GuardedDrafter`). A round is
+`speculative_round(state, γ)`: the test builds one `DecodingState` and asks for rounds.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from assisted_backends.engine.drafter import Drafter, DraftFailedWarning, GuardedDrafter, Proposal
+from assisted_backends.engine.drafter import Drafter, DraftFailedWarning, Proposal
 from assisted_backends.engine.kv_cache import DynamicLayout
-from assisted_backends.engine.round import LoopSettings, prefill, speculative_round
-from assisted_backends.engine.rows import LiveRows
-from assisted_backends.engine.runner import ModelRunner
+from assisted_backends.engine.round import prefill, speculative_round
+from assisted_backends.engine.runner import ModelRunner, Runner
 from assisted_backends.engine.sampling import SamplingConfig, TokenSelector
+from assisted_backends.engine.state import DecodingState, LoopSettings
 from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.engine.tokens import TokenBuffer
 
@@ -68,68 +69,73 @@ def model_and_plain():
     return model, prompt, plain
 
 
-def start(model, prompt):
-    """A buffer, the target's runner, the rows and settings after the prefill (first token committed)."""
+def start(model, prompt, drafter: Drafter | None = None) -> DecodingState:
+    """The decoding state after the prefill (first token committed): buffer, the target's runner reading the
+    buffer's padding, `drafter` behind its guard, the rows and settings."""
     buffer = TokenBuffer(prompt, PROMPT_LENGTH + NEW_TOKENS + 8, 0)
-    target = ModelRunner(model, DynamicLayout(model, torch.zeros(1, dtype=torch.long)))
-    rows = LiveRows(1, 0, GenerationStats(), drop_finished=True)
-    selector = TokenSelector(SamplingConfig())
+    target = ModelRunner(model, DynamicLayout(model, buffer.padding))
     settings = LoopSettings(NEW_TOKENS, None, False, lambda: None)
-    prefill(target, buffer, rows, selector, None, settings)
-    return buffer, target, rows, selector, settings
+    state = DecodingState.build(target, drafter, buffer, TokenSelector(SamplingConfig()), None, settings,
+                                GenerationStats())  # fmt: skip
+    prefill(state)
+    return state
+
+
+def test_the_runner_satisfies_the_protocol_the_engine_types_against(model_and_plain):
+    model, prompt, _ = model_and_plain
+    assert isinstance(start(model, prompt).target, Runner)
 
 
 def test_the_prefill_commits_the_first_token(model_and_plain):
     model, prompt, plain = model_and_plain
-    buffer, target, rows, _, _ = start(model, prompt)
+    state = start(model, prompt)
+    buffer = state.buffer
     assert buffer.length == PROMPT_LENGTH + 1 and buffer.new_tokens == [1]
     assert buffer.ids[0, PROMPT_LENGTH] == plain[0]
-    assert target.length == PROMPT_LENGTH  # the first token is pending for the target
+    assert state.target.length == PROMPT_LENGTH  # the first token is pending for the target
+    assert state.stats.rounds == 0  # the prompt pass is no round of the statistics
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_a_right_draft_is_accepted_whole(model_and_plain, gamma):
     model, prompt, plain = model_and_plain
-    buffer, target, rows, selector, settings = start(model, prompt)
-    drafter = GuardedDrafter(WritesTokens(plain))
-    observation = speculative_round(gamma, target, drafter, buffer, rows, selector, None, settings, None, 0)
+    state = start(model, prompt, WritesTokens(plain))
+    observation = speculative_round(state, gamma)
     assert (observation.drafted, observation.accepted) == (gamma, gamma)
-    assert buffer.length == PROMPT_LENGTH + 1 + gamma + 1
-    assert torch.equal(buffer.committed()[0, PROMPT_LENGTH:], plain[: gamma + 2])
-    assert target.length == buffer.length - 1
+    assert state.buffer.length == PROMPT_LENGTH + 1 + gamma + 1
+    assert torch.equal(state.buffer.committed()[0, PROMPT_LENGTH:], plain[: gamma + 2])
+    assert state.target.length == state.buffer.length - 1
 
 
 def test_a_wrong_draft_commits_the_targets_one_token(model_and_plain):
     model, prompt, plain = model_and_plain
-    buffer, target, rows, selector, settings = start(model, prompt)
-    drafter = GuardedDrafter(WritesTokens(plain, wrong=True))
+    state = start(model, prompt, WritesTokens(plain, wrong=True))
     for _ in range(3):
-        observation = speculative_round(3, target, drafter, buffer, rows, selector, None, settings, None, 0)
+        observation = speculative_round(state, 3)
         assert (observation.drafted, observation.accepted) == (3, 0)
-        assert target.length == buffer.length - 1
-    assert torch.equal(buffer.committed()[0, PROMPT_LENGTH:], plain[:4])
-    assert rows.total.drafted == 9 and rows.total.accepted == 0
+        assert state.target.length == state.buffer.length - 1
+    assert torch.equal(state.buffer.committed()[0, PROMPT_LENGTH:], plain[:4])
+    assert state.stats.drafted == 9 and state.stats.accepted == 0 and state.stats.rounds == 3
+    assert state.rows.stats[0].drafted == 9  # the row's own statistics, kept in the same place
 
 
 def test_rounds_stop_at_max_new_tokens(model_and_plain):
     model, prompt, plain = model_and_plain
-    buffer, target, rows, selector, settings = start(model, prompt)
-    drafter = GuardedDrafter(WritesTokens(plain))
-    while any(rows.live):
-        left = NEW_TOKENS - buffer.new_tokens[0]
-        speculative_round(min(4, left - 1), target, drafter, buffer, rows, selector, None, settings, None, 0)
-    assert torch.equal(buffer.results[0], plain)
+    state = start(model, prompt, WritesTokens(plain))
+    while any(state.rows.live):
+        speculative_round(state, min(4, state.tokens_left() - 1))
+    assert torch.equal(state.buffer.results[0], plain)
 
 
 @pytest.mark.parametrize("method", ["prefill", "propose", "rollback"])
 def test_a_failing_drafter_is_dropped_with_one_warning(model_and_plain, method):
     model, prompt, plain = model_and_plain
-    buffer, target, rows, selector, settings = start(model, prompt)
-    drafter = GuardedDrafter(WritesTokens(plain, fails_in=method))
+    state = start(model, prompt, WritesTokens(plain, fails_in=method))
+    drafter, buffer = state.drafter, state.buffer
     with pytest.warns(DraftFailedWarning, match=f"simulated failure in {method}") as caught:
         for _ in range(3):
-            speculative_round(2, target, drafter, buffer, rows, selector, None, settings, None, 0)
+            speculative_round(state, 2)
     assert len(caught) == 1 and not drafter.active
-    assert drafter.propose(buffer, 2, selector, None).count == 0
-    assert rows.total.drafting_stopped.startswith("the draft raised ValueError")
+    assert drafter.propose(2, state.selector, None).count == 0
+    assert state.stats.drafting_stopped.startswith("the draft raised ValueError")
     assert torch.equal(buffer.committed()[0, PROMPT_LENGTH:], plain[: buffer.length - PROMPT_LENGTH])

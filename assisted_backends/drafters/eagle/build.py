@@ -154,7 +154,7 @@ def build_eagle_drafter(
     target = target_runner.model
     tap = LayerTap(target, head.config.layers_for(hf_compat.text_config(target).num_hidden_layers))
     store = FeatureStore(tap, capacity=getattr(target_runner.layout, "capacity", 0))
-    target_runner.feature_tap = store
+    target_runner.tap_features(store)
     precision = head_precision(head, target)
     warn_if_fell_back(precision)
     drafter = EagleDrafter(prepared_head(head, target, precision), target_runner, store, vocab_size, static_shapes)

@@ -27,8 +27,15 @@ PREFILL = 128
 
 
 def _rss_mib() -> float:
+    return _status_mib()["VmRSS"]
+
+
+def _status_mib() -> dict[str, float]:
+    """/proc/self/status's resident figures in MiB: VmRSS = RssAnon (heap, tensors) + RssFile (mapped files: code
+    pages of the libraries as they are first run) + RssShmem."""
     with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+        fields = dict(line.split(":", 1) for line in status if line.startswith(("VmRSS", "RssAnon", "RssFile")))
+    return {name: int(value.split()[0]) / 1024 for name, value in fields.items()}
 
 
 def _decoder(model, cache_factory, tokens: int):
@@ -111,32 +118,48 @@ def _llama_bench(path, threads: list[int]) -> dict | None:
 def memory_stages(model: str) -> dict[str, float]:
     """Resident MiB added by each stage of a fresh process (run with --memory first thing): the package's modules
     and kernels, the model's load, the native decoder's build, a 64-token decode; against `import torch,
-    transformers`."""
+    transformers`. Each stage also split into anonymous memory (heap, tensors) and mapped files (`_anon`, `_file`:
+    code pages of torch and the native libraries touched for the first time)."""
     import transformers  # noqa: F401
 
-    stages, base = {}, _rss_mib()
-    stages["torch_and_transformers_mib"] = base
+    stages: dict[str, float] = {}
+    base = mark = _status_mib()
+
+    def stage(name: str) -> None:
+        nonlocal mark
+        now = _status_mib()
+        stages[f"{name}_mib"] = now["VmRSS"] - mark["VmRSS"]
+        stages[f"{name}_anon_mib"] = now["RssAnon"] - mark["RssAnon"]
+        stages[f"{name}_file_mib"] = now["RssFile"] - mark["RssFile"]
+        mark = now
+
+    stages["torch_and_transformers_mib"] = base["VmRSS"]
     from assisted_backends.native import extension
     from assisted_backends.quantized.model import load_gguf_quantized
     from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     extension.status()
-    stages["package_modules_and_kernels_mib"] = _rss_mib() - base
+    stage("package_modules_and_kernels")
     path = ensure_real_gguf(model)
-    mark = _rss_mib()
+    mark = _status_mib()
     loaded = load_gguf_quantized(path, tokenizer=False)
-    stages["model_load_mib"], mark = _rss_mib() - mark, _rss_mib()
+    stage("model_load")
     native = NativeCausalLM(loaded.model)
-    stages["native_decoder_mib"], mark = _rss_mib() - mark, _rss_mib()
+    stage("native_decoder")
     cache = native.new_native_cache()
     with torch.inference_mode():
-        native(torch.arange(10, 42)[None], past_key_values=cache)
+        native(torch.arange(10, 42)[None], past_key_values=cache, logits_to_keep=1)
         for _ in range(64):
             native(torch.tensor([[5]]), past_key_values=cache)
-    stages["decode_64_tokens_mib"] = _rss_mib() - mark
+    stage("decode_64_tokens")
+    stages["kv_cache_mib"] = sum(t.nbytes for t in cache.keys + cache.values) / (1 << 20)
     stages["weights_mib"] = loaded.weight_bytes() / (1 << 20)
     stages["file_mib"] = path.stat().st_size / (1 << 20)
-    stages["beyond_imports_over_file"] = (_rss_mib() - base) / stages["file_mib"]
+    end = _status_mib()
+    stages["beyond_imports_mib"] = end["VmRSS"] - base["VmRSS"]
+    stages["beyond_imports_anon_mib"] = end["RssAnon"] - base["RssAnon"]
+    stages["beyond_imports_file_mib"] = end["RssFile"] - base["RssFile"]
+    stages["beyond_imports_over_file"] = stages["beyond_imports_mib"] / stages["file_mib"]
     return stages
 
 

@@ -216,11 +216,23 @@ def build_library(build: Build):
     if built and not build.python_module:
         torch.ops.load_library(str(built[-1]))
         return True, ""
+    if built:  # the key names the sources: a library built under it is current (no cpp_extension, no ninja run)
+        return _import_module(build.name, built[-1]), ""
     directory.mkdir(parents=True, exist_ok=True)
     with _build_lock(directory, build.what):
         if failed.is_file():  # another process failed while we waited
             return None, f"{build.what} did not build: {failed.read_text().strip()}"
         return _compile(build, directory, failed)
+
+
+def _import_module(name: str, path: Path):
+    """The built pybind11 module at `path` (its init function is named `name`), imported as Python imports one."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _compile(build: Build, directory: Path, failed: Path):

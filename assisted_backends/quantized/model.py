@@ -301,14 +301,46 @@ def _save_plan(path: Path, plan: _Plan) -> None:
     cache.write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={"manifest": json.dumps(manifest)}))
 
 
-def _load_plan(path: Path) -> _Plan | None:
-    from safetensors import safe_open
+_STORED_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+                  "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+                  "BOOL": torch.bool}  # fmt: skip
 
-    with safe_open(str(path), framework="pt") as handle:
-        manifest = json.loads(handle.metadata()["manifest"])
-        if manifest.get("version") != _FORMAT_VERSION:
-            return None
-        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+
+def _read_tensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """A safetensors file's metadata and tensors, each read straight into memory of its own. Not a mapping of the
+    file: tensors viewing one would keep the whole mapping resident, and the projections that `fuse_projections`
+    replaces by fused copies would stay in memory beside them (measured on SmolLM2-135M: 42 MiB of 92)."""
+    with open(path, "rb") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(size))
+        metadata = header.pop("__metadata__", None) or {}
+        tensors = {}
+        for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+            begin, end = entry["data_offsets"]
+            tensor = torch.empty(entry["shape"], dtype=_STORED_DTYPES[entry["dtype"]])
+            if end > begin:
+                handle.seek(8 + size + begin)
+                if handle.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != end - begin:
+                    raise ValueError(f"{path}: {name} is cut short (a damaged cache entry: delete the file)")
+            tensors[name] = tensor
+    return metadata, tensors
+
+
+def _release_load_copies(plan: _Plan) -> None:
+    """Drop the plan's tensors (the model holds those it uses; the projections `fuse_projections` replaced by fused
+    copies go with them) and hand the heap pages freed so back to the system (`native.heap.trim_heap`)."""
+    from assisted_backends.native.heap import trim_heap
+
+    plan.linears.clear()
+    plan.params.clear()
+    trim_heap()
+
+
+def _load_plan(path: Path) -> _Plan | None:
+    metadata, tensors = _read_tensors(path)
+    manifest = json.loads(metadata["manifest"])
+    if manifest.get("version") != _FORMAT_VERSION:
+        return None
     plan = _Plan(tied=manifest["tied"], report=manifest["report"])
     stored: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
@@ -432,6 +464,7 @@ def load_gguf_quantized(
             config = AutoConfig.from_pretrained(str(directory))
             model = _install(_skeleton(config), plan)
             fuse_projections(model)
+            _release_load_copies(plan)
             ready = time.perf_counter() - started
             # After the model: a tokenizer thread started earlier would slow the model's build (GIL).
             pending = None
@@ -452,4 +485,5 @@ def load_gguf_quantized(
         if not (directory / "config.json").is_file():
             cache.write_atomically(directory / "config.json", lambda tmp: tmp.write_text(config.to_json_string()))
         _save_plan(weights, plan)
+    _release_load_copies(plan)
     return LoadedGGUF(model, pending, directory, False, time.perf_counter() - started, plan.report)

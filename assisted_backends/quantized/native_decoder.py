@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from assisted_backends.native import decoder_build, extension
+from assisted_backends.native.heap import trim_heap
 from assisted_backends.quantized.blocks import BlockWeight
 from assisted_backends.quantized.fusion import ProjectionSlice
 from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear
@@ -39,7 +40,11 @@ FAMILIES = {"llama": (0, False, False), "mistral": (0, False, False), "qwen2": (
             "qwen3": (0, False, False), "gemma3_text": (1, True, True)}  # fmt: skip
 _ACTIVATIONS = {0: ("silu",), 1: ("gelu_pytorch_tanh",)}
 STEP_LINE = "forward pass: the native decoder (one call into C++ a step, batch-invariant)"
-_GROWTH = 256  # positions a dynamic cache grows by (at least)
+_GROWTH = 64  # the fewest positions a dynamic cache holds; it doubles from there (memory follows the length used)
+# rows from which a forward hands the heap pages its temporaries touched back to the system afterwards (a prefill
+# chunk: glibc keeps them otherwise, 10-15 MiB on SmolLM2-135M after 32 rows; decode steps and verify passes reuse
+# the same few pages each time and are left alone)
+_TRIM_ROWS = 16
 
 
 class _LayerView:
@@ -454,6 +459,8 @@ class NativeCausalLM(nn.Module):
             extension.forced_isa(), None if self._embed is None else self._embed(input_ids).float(), tap_layers, taps,
         )  # fmt: skip
         cache.length = start + rows
+        if batch * rows >= _TRIM_ROWS:
+            trim_heap()
         if taps is not None:
             self._taps[1].update(zip(tap_layers, taps.unbind(0)))
         return _Output(logits, cache)

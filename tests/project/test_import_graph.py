@@ -119,7 +119,7 @@ def cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
 
 
 def test_the_import_reader_sees_function_level_and_relative_imports(tmp_path):
-    assert "assisted_backends.engine.drafter" in imported_modules(PACKAGE / "engine" / "loop.py")
+    assert "assisted_backends.engine.drafter" in imported_modules(PACKAGE / "engine" / "round.py")
     assert folder("assisted_backends.hf_compat") == "." and folder("assisted_backends.engine.loop") == "engine"
     graph = {"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}
     assert cycles(graph) == [["a", "b", "c"]]

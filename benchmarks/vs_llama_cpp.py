@@ -2,6 +2,7 @@
 
     python -m benchmarks.vs_llama_cpp                       # both models, 3 tasks, 64 and 256 tokens, 1 and 2 threads
     python -m benchmarks.vs_llama_cpp --quick               # SmolLM2, edit, 32 tokens, 1 thread, 2 repeats
+    python -m benchmarks.vs_llama_cpp --llama-tools --no-llama-cpp --tasks edit summarize --new-tokens 128 --threads 1
 
 The package loads each file keeping its quantization (`quantized.load_gguf_quantized`: Q4_1 / Q4_K / Q6_K /
 Q8_0 blocks repacked for PyTorch's int4 / int8 CPU kernels, batch-invariant attention) and decodes greedily,
@@ -13,6 +14,12 @@ method, their ratios to llama.cpp's plain decoding, whether the package's lookup
 output (exactness on the quantized path), how many leading tokens llama.cpp's output shares with the
 package's (two kernels, two roundings: not expected to be equal), the verify pass over 4 and 5 tokens in
 decode steps, and the bandwidth floor of a step (weight bytes / measured read bandwidth).
+
+`--llama-tools` adds llama.cpp's own C++ tools (built by `benchmarks.harness.llama_cpp_tools`, no Python binding
+needed): llama-completion (plain) and llama-lookup (prompt lookup, `LOOKUP_TOKENS` a round) on the same file and
+the task in the file's chat template, alternated `--repeats` times with the package's plain and lookup runs;
+decode-only rates on both sides (the tools' eval rates; the package's new tokens over its decode time, prefill
+excluded), medians, and the package's lookup over llama-completion's plain rate.
 """
 
 from __future__ import annotations
@@ -95,6 +102,8 @@ def measure(name: str, generator: AssistedGenerator, tokenizer, task: str, new_t
         "verify_4_in_steps": round(step_seconds(model, prompt, 4, repeats=9) / step, 3),
         "verify_5_in_steps": round(step_seconds(model, prompt, 5, repeats=9) / step, 3),
     }
+    if args.llama_tools:
+        result["llama_tools"] = tool_rates(name, generator, prompt, task, new_tokens, threads, args.repeats)
     if "llama_cpp_plain" in rate:
         base = rate["llama_cpp_plain"]
         result["vs_llama_cpp_plain"] = {case: round(value / base, 3) for case, value in rate.items()}
@@ -119,6 +128,39 @@ def _lookup_stats(generator: AssistedGenerator, prompt: torch.Tensor, new_tokens
     }
 
 
+def tool_rates(name: str, generator: AssistedGenerator, prompt: torch.Tensor, task: str, new_tokens: int,
+               threads: int, repeats: int) -> dict:  # fmt: skip
+    """Decode-only tok/s, alternated `repeats` times: the package plain and with lookup, llama-completion and
+    llama-lookup (C++ tools); medians [min, max] and the ratios to llama-completion's plain rate."""
+    import statistics
+    import tempfile
+    from pathlib import Path
+
+    from benchmarks.harness.llama_cpp_tools import llama_cpp_tools, run_completion, run_lookup
+    from benchmarks.peers_cpu import rendered_prompt
+
+    tools, path = llama_cpp_tools(), ensure_real_gguf(name)
+    common = dict(max_new_tokens=new_tokens, eos_token_id=[], pad_token_id=0)
+    rates: dict[str, list[float]] = {"ours_plain": [], "ours_lookup": [], "llama_completion": [], "llama_lookup": []}
+    with tempfile.TemporaryDirectory() as workdir:
+        prompt_file = Path(workdir) / "prompt.txt"
+        prompt_file.write_text(rendered_prompt(path, task))
+        for _ in range(repeats):
+            for case, extra in (("ours_plain", {}), ("ours_lookup", {"prompt_lookup_num_tokens": LOOKUP_TOKENS})):
+                stats = generator.generate(prompt, **common, **extra).stats
+                rates[case].append(stats.new_tokens / stats.decode_s)
+            plain = run_completion(path, prompt_file, new_tokens, threads, tools=tools)
+            rates["llama_completion"].append(plain["decode_tok_s"])
+            lookup = run_lookup(path, prompt_file, new_tokens, threads, LOOKUP_TOKENS, tools=tools)
+            rates["llama_lookup"].append(lookup["decode_tok_s"])
+    median = {case: statistics.median(values) for case, values in rates.items()}
+    return {
+        "decode_tok_s": {case: round(value, 1) for case, value in median.items()},
+        "spread": {case: [round(min(v), 1), round(max(v), 1)] for case, v in rates.items()},
+        "vs_llama_completion_plain": {case: round(v / median["llama_completion"], 3) for case, v in median.items()},
+    }
+
+
 def summary(r: dict) -> str:
     rate = r["tokens_per_s"]
     parts = [
@@ -132,6 +174,10 @@ def summary(r: dict) -> str:
             f"ours/llama.cpp plain {versus['ours_plain']:.2f}x, lookup/llama.cpp plain {versus['ours_lookup']:.2f}x"
         )
     parts.append(f"verify 4/5 tokens {r['verify_4_in_steps']:.2f}/{r['verify_5_in_steps']:.2f} steps")
+    if "llama_tools" in r:
+        versus = r["llama_tools"]["vs_llama_completion_plain"]
+        parts.append(f"C++ tools: ours plain {versus['ours_plain']:.2f}x, ours lookup {versus['ours_lookup']:.2f}x, "
+                     f"llama-lookup {versus['llama_lookup']:.2f}x llama-completion")  # fmt: skip
     if not r["ours_lookup_identical_to_ours_plain"]:
         parts.append("LOOKUP NOT IDENTICAL")
     return " | ".join(parts)
@@ -145,6 +191,7 @@ def main() -> None:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp (else built once and cached)")
+    parser.add_argument("--llama-tools", action="store_true", help="llama.cpp's C++ tools too (module docstring)")
     parser.add_argument("--quick", action="store_true", help="SmolLM2, edit, 32 tokens, 1 thread, 2 repeats")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

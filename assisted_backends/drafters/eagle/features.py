@@ -5,11 +5,13 @@ decoder's own copy of them.
 during one forward, and concatenates them low, middle, high: the [B, q, 3 H_t] features of the fed
 positions. On transformers' modeling, hooks on the decoder layers catch them; a target stepped by the native
 decoder (`quantized.native_decoder.NativeCausalLM`, whose layers are one C++ call) hands out the same states from
-that call (`capturing_hidden_states`), so an EAGLE head drafts for the native step itself. `FeatureStore` is the hand-over to the drafter: the target's `ModelRunner` enters
-`store.capture(start)` around each of its forwards (prefill, plain steps and verify passes alike), and the
-features of the fed columns land at those columns of a [B, capacity, 3 H_t] tensor. Only columns the target
-keeps are ever read (a verify pass's rejected columns are overwritten by its next pass), so the verify pass
-hands over the accepted positions, and the rollback of the target is the store's rollback too.
+that call (`capturing_hidden_states`), so an EAGLE head drafts for the native step itself.
+
+`FeatureStore` is the hand-over to the drafter: the target's `ModelRunner` enters `store.capture(start)` around
+each of its forwards (prefill, plain steps and verify passes alike), and the features of the fed columns land at
+those columns of a [B, capacity, 3 H_t] tensor. Only columns the target keeps are ever read (a verify pass's
+rejected columns are overwritten by its next pass), so the verify pass hands over the accepted positions, and the
+rollback of the target is the store's rollback too.
 """
 
 from __future__ import annotations

@@ -134,9 +134,8 @@ def decode_plan(
         )  # fmt: skip
         row_processors = queue.first_processors if queue is not None else None
         if len(options.user_pad) > 1 and queue is None:
-            config_limit = options.config.max_length - options.input_ids.shape[1]  # the config's, not a criterion's
             row_processors = row_logits_processors(
-                model, options.config, options.input_ids, options.user_pad, config_limit, device, custom
+                model, options.config, options.input_ids, options.user_pad, options.config_limit, device, custom
             )
         schedule = drafter.schedule_for(plan.schedule.build(), buffer) if drafter is not None else None
         stats = GenerationStats(

@@ -21,8 +21,8 @@ Nothing is rounded: the file's fp16 and 6/8-bit fields are kept as they are, so 
 S·v + Z rounded once is gguf's value. 4-bit codes cost half a byte a weight, 5-bit (Q5_0: the nibbles as 4-bit
 codes store them and a plane of fifth bits, 64 bytes a group of 16 rows x 32 columns) 0.625, 8-bit one byte
 (Q6_K: 1.2x its file size, Q5_1 / Q5_K: 1.5x, the rest 1.0-1.1x). `widened` gives a 5-bit weight the 8-bit
-layout (the same v and S: the same outputs bit for bit; the layout before LAYOUT_VERSION 2). Rows are padded to tiles of 16; the kernel's byte order is in the
-C++ source's header.
+layout (the same v and S: the same outputs bit for bit; the layout before LAYOUT_VERSION 2). Rows are padded
+to tiles of 16; the kernel's byte order is in the C++ source's header.
 
 `reference_linear` is the kernel's formula in plain PyTorch (the same integer sums, the same fp32 operations
 in the same order): the kernel must equal it bit for bit on every instruction set.

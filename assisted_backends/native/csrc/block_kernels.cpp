@@ -301,7 +301,8 @@ Weights weights_of(const at::Tensor& codes, const at::Tensor& d, const c10::opti
   const bool extras = (dmin.has_value() && dmin->defined()) || (sc.has_value() && sc->defined()) ||
                       (mn.has_value() && mn->defined());
   TORCH_CHECK(bits != 5 || (group == 32 && sb == 1 && !extras),
-              "block kernels: 5-bit codes take Q5_0's shape only (group 32, sb 1, no dmin, sc or mn); store others in 8 bits");
+              "block kernels: 5-bit codes take Q5_0's shape only (group 32, sb 1, no dmin, sc or mn); "
+              "store others in 8 bits");
   TORCH_CHECK(group == 32 || (group == 16 && bits == 8), "block kernels: group must be 32 (or 16 with 8 bits)");
   TORCH_CHECK(bits != 8 || offset == 0, "block kernels: an 8-bit weight stores v + 128, offset must be 0");
   TORCH_CHECK(k % kBlock == 0 && k % (group * sb) == 0, "block kernels: K must be a multiple of 32 and of the super-block");

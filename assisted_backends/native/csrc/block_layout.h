@@ -35,9 +35,10 @@ struct Activations {
 };
 
 // A format's shape as the tile sees it at compile time (no branch on the format inside the loop):
-// BITS stored (4, 5: nibbles and a plane of fifth bits, 8), 16-column groups, per-group multiplier sc, zeros (dmin), per-group zero multiplier mn, and for
-// 4- and 5-bit codes whether v = q − offset needs the offset correction (a runtime value, e.g. 8 for Q4_0), and
-// whether every super-block is one group (sb = 1: one loop over the groups, the scale read with its group).
+// BITS stored (4; 5: nibbles and a plane of fifth bits; 8), 16-column groups, per-group multiplier sc, zeros
+// (dmin), per-group zero multiplier mn, and for 4- and 5-bit codes whether v = q − offset needs the offset
+// correction (a runtime value, e.g. 8 for Q4_0, 16 for Q5_0), and whether every super-block is one group
+// (sb = 1: one loop over the groups, the scale read with its group).
 template <int BITS_, bool G16_, bool SC_, bool MIN_, bool MN_, bool OFF_, bool SB1_ = false>
 struct Kind {
   static constexpr int BITS = BITS_;

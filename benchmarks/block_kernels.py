@@ -47,7 +47,8 @@ from benchmarks.harness.memory import read_bandwidth_gbs
 
 ROWS = (1, 2, 4, 5, 8, 16)
 PREFILL = 128  # --decode: prompt tokens of the prefill comparison (llama-bench pp128)
-_BLOCK = {"Q4_0": (32, 18, (0,)), "Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)), "Q6_K": (256, 210, (208,))}
+_BLOCK = {"Q4_0": (32, 18, (0,)), "Q5_0": (32, 22, (0,)), "Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)),
+          "Q6_K": (256, 210, (208,))}  # fmt: skip
 
 
 def layer_shapes(size: str) -> list[tuple[int, int]]:

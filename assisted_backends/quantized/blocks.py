@@ -11,16 +11,18 @@ Every format is stored as small integers v per (row n, column k) in groups of G 
 | Q4_0   | 4           | 32 | 1  | q − 8            | d        | 0              |
 | Q4_1   | 4           | 32 | 1  | q                | d        | m              |
 | Q4_K   | 4           | 32 | 8  | q                | d · sc_j | −dmin · m_j    |
-| Q5_0   | 8           | 32 | 1  | q − 16           | d        | 0              |
+| Q5_0   | 5           | 32 | 1  | q − 16           | d        | 0              |
 | Q5_1   | 8           | 32 | 1  | q                | d        | m              |
 | Q5_K   | 8           | 32 | 8  | q                | d · sc_j | −dmin · m_j    |
 | Q8_0   | 8           | 32 | 1  | q                | d        | 0              |
 | Q6_K   | 8           | 16 | 16 | q − 32           | d · sc_j | 0              |
 
 Nothing is rounded: the file's fp16 and 6/8-bit fields are kept as they are, so S and Z are exact in fp32 and
-S·v + Z rounded once is gguf's value. 4-bit codes cost half a byte a weight, 8-bit one byte (Q6_K: 1.2x its
-file size, Q5_*: 1.5x, the rest 1.0-1.1x). Rows are padded to tiles of 16; the kernel's byte order is in the
-C++ source's header.
+S·v + Z rounded once is gguf's value. 4-bit codes cost half a byte a weight, 5-bit (Q5_0: the nibbles as 4-bit
+codes store them and a plane of fifth bits, 64 bytes a group of 16 rows x 32 columns) 0.625, 8-bit one byte
+(Q6_K: 1.2x its file size, Q5_1 / Q5_K: 1.5x, the rest 1.0-1.1x). `widened` gives a 5-bit weight the 8-bit
+layout (the same v and S: the same outputs bit for bit; the layout before LAYOUT_VERSION 2). Rows are padded
+to tiles of 16; the kernel's byte order is in the C++ source's header.
 
 `reference_linear` is the kernel's formula in plain PyTorch (the same integer sums, the same fp32 operations
 in the same order): the kernel must equal it bit for bit on every instruction set.
@@ -38,7 +40,7 @@ from assisted_backends.native import extension
 from assisted_backends.quantized.gguf import _high_bits, _k_scale_min, _nibbles, require_gguf
 from assisted_backends.quantized.packing import round_up_to
 
-LAYOUT_VERSION = 1  # bump when the stored layout changes (it names cached weights)
+LAYOUT_VERSION = 2  # bump when the stored layout changes (it names cached weights); 2: Q5_0 in 5 bits
 TILE = 16
 BLOCK = 32  # activation quantization block
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0", "Q6_K")
@@ -132,12 +134,16 @@ class BlockWeight:
         """The integers v [R, K] (int32) of rows `index` (all rows when None)."""
         index = torch.arange(self.out_features) if index is None else index.reshape(-1)
         tiles, lanes = index // TILE, index % TILE
-        per_group = self.codes[tiles].view(len(index), self.groups, -1, TILE, 4)  # [R, groups, chunks, lane, 4]
+        codes = self.codes[tiles, :, :256] if self.bits == 5 else self.codes[tiles]  # 5 bits: the nibbles
+        per_group = codes.reshape(len(index), self.groups, -1, TILE, 4)  # [R, groups, chunks, lane, 4]
         picked = per_group[torch.arange(len(index)), :, :, lanes]  # [R, groups, chunks, 4]
         if self.bits == 8:
             return picked.reshape(len(index), self.in_features).to(torch.int32) - 128
         halves = torch.stack([picked & 0x0F, picked >> 4], dim=2)  # [R, groups, 2, 4, 4]
-        return halves.reshape(len(index), self.in_features).to(torch.int32) - self.offset
+        values = halves.reshape(len(index), self.in_features).to(torch.int32)
+        if self.bits == 5:
+            values = values | (_fifth_bits(self.codes[tiles, :, 256:], lanes) << 4)
+        return values - self.offset
 
     def scales_zeros(self, index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """S and Z [R, groups] in fp32 (exact products of the stored fields), Z None when absent."""
@@ -225,8 +231,7 @@ def _decode(kind: str, blocks: torch.Tensor) -> _Parts:
         codes = codes | (high.reshape(-1, 256) << 4)
         return _Parts(codes + 128, _f16(blocks, 0), dmin, sc.to(torch.int8), mn.to(torch.int8), 8, 32, 8, 0)
     if kind == "Q5_0":
-        codes = _five_bit_codes(blocks, 2)
-        return _Parts(codes + 112, _f16(blocks, 0), None, None, None, 8, 32, 1, 0)  # (q − 16) + 128
+        return _Parts(_five_bit_codes(blocks, 2), _f16(blocks, 0), None, None, None, 5, 32, 1, 16)
     if kind == "Q5_1":
         codes = _five_bit_codes(blocks, 4)
         return _Parts(codes + 128, _f16(blocks, 0), _f16(blocks, 2), None, None, 8, 32, 1, 0)
@@ -268,12 +273,46 @@ def from_parts(codes: torch.Tensor, d, dmin, sc, mn, bits: int, group: int, sb: 
     if bits == 8:
         tiled = padded.view(rows // TILE, TILE, groups, group // 4, 4).permute(0, 2, 3, 1, 4)
     else:
-        halves = padded.view(rows // TILE, TILE, groups, 2, 4, 4)  # [T, lane, g, half, chunk, j]
+        halves = (padded & 0x0F).view(rows // TILE, TILE, groups, 2, 4, 4)  # [T, lane, g, half, chunk, j]
         tiled = (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4)
-    packed = tiled.reshape(rows // TILE, groups, -1).contiguous()
+    packed = tiled.reshape(rows // TILE, groups, -1)
+    if bits == 5:
+        packed = torch.cat([packed, _plane(padded, groups)], dim=2)
+    packed = packed.contiguous()
     optional = lambda field: None if field is None else _tiled(field, rows)  # noqa: E731
     fields = (_tiled(d, rows), optional(dmin), optional(sc), optional(mn))
     return BlockWeight(packed, *fields, n, k, bits, group, sb, offset)
+
+
+_BIT_WEIGHTS = torch.tensor([1 << b for b in range(8)], dtype=torch.int32)
+
+
+def _plane(padded: torch.Tensor, groups: int) -> torch.Tensor:
+    """5-bit codes [rows, K] -> the plane of fifth bits [T, groups, 64]: mask c (8 bytes, little-endian) holds in
+    bit i = 4·lane + j the fifth bit of column 16·(c // 4) + 4·(c % 4) + j of row `lane` (the byte order of the
+    nibbles' chunk c, low nibbles for c < 4, high ones for c ≥ 4)."""
+    rows = padded.shape[0]
+    high = ((padded >> 4) & 1).view(rows // TILE, TILE, groups, 2, 4, 4)  # [T, lane, g, half, chunk, j]
+    bits = high.permute(0, 2, 3, 4, 1, 5).reshape(rows // TILE, groups, 64, 8).to(torch.int32)  # i = 4·lane + j
+    return (bits * _BIT_WEIGHTS).sum(dim=-1).to(torch.uint8)
+
+
+def _fifth_bits(plane: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    """Planes [R, groups, 64] and each row's lane -> its fifth bits [R, K] (int32), in column order."""
+    r, groups = plane.shape[0], plane.shape[1]
+    bits = (plane[..., None].to(torch.int32) >> torch.arange(8, dtype=torch.int32)) & 1  # [R, groups, 64, 8]
+    bits = bits.reshape(r, groups, 8, TILE, 4)[torch.arange(r), :, :, lanes]  # [R, groups, c, 4]
+    return bits.reshape(r, groups * 32)
+
+
+def widened(weight: BlockWeight) -> BlockWeight:
+    """A 5-bit weight in the 8-bit layout (u = v + 128, offset 0): the same integers and scales, so the same
+    outputs bit for bit, at 1.06 bytes a weight (Q5_0's layout before LAYOUT_VERSION 2)."""
+    if weight.bits != 5:
+        raise ValueError(f"weight: widened takes a 5-bit weight, got {weight.bits}-bit; pass a Q5_0 BlockWeight")
+    codes = (weight.values() + 128).to(torch.uint8)
+    d = weight.d.transpose(1, 2).reshape(-1, weight.d.shape[1])[: weight.out_features]
+    return from_parts(codes, d, None, None, None, 8, weight.group, weight.sb, 0)
 
 
 def from_gguf(kind: str, data: np.ndarray | torch.Tensor, shape: tuple[int, int],

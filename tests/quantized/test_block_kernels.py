@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.skipif(not extension.available(), reason=extension.status().reason or "no kernels"),
 ]
 ISAS = extension.ISA_NAMES
-SHAPES = {"Q4_0": (40, 512), "Q4_1": (24, 96), "Q4_K": (40, 512), "Q5_0": (16, 64), "Q5_1": (33, 128),
+SHAPES = {"Q4_0": (40, 512), "Q4_1": (24, 96), "Q4_K": (40, 512), "Q5_0": (33, 256), "Q5_1": (33, 128),
           "Q5_K": (17, 256), "Q8_0": (48, 160), "Q6_K": (40, 512)}  # fmt: skip
 
 
@@ -65,7 +65,7 @@ def test_kernel_equals_the_plain_pytorch_formula_bit_for_bit(weights, kind, isa)
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kind", ("Q4_0", "Q4_K", "Q8_0", "Q6_K"))
+@pytest.mark.parametrize("kind", ("Q4_0", "Q4_K", "Q5_0", "Q8_0", "Q6_K"))
 def test_each_row_equals_that_row_alone_for_every_m(weights, kind, isa):
     _runnable(isa)
     weight, _ = weights[kind]

@@ -21,7 +21,8 @@ struct Weights {
   int64_t n, k, groups, supers;
   int bits, group, sb, offset;
   int64_t prefetch;  // bytes ahead in the code stream
-  int64_t group_bytes() const { return bits == 4 ? 256 : int64_t(group) * kTile; }
+  // bits 4: 256 bytes of nibbles a group; bits 5: the same 256 and a 64-byte plane of fifth bits; bits 8: G · 16.
+  int64_t group_bytes() const { return bits == 4 ? 256 : bits == 5 ? 320 : int64_t(group) * kTile; }
 };
 
 struct Activations {
@@ -34,15 +35,16 @@ struct Activations {
 };
 
 // A format's shape as the tile sees it at compile time (no branch on the format inside the loop):
-// BITS stored, 16-column groups, per-group multiplier sc, zeros (dmin), per-group zero multiplier mn, and for
-// 4-bit codes whether v = q − offset needs the offset correction (a runtime value, e.g. 8 for Q4_0), and
-// whether every super-block is one group (sb = 1: one loop over the groups, the scale read with its group).
+// BITS stored (4; 5: nibbles and a plane of fifth bits; 8), 16-column groups, per-group multiplier sc, zeros
+// (dmin), per-group zero multiplier mn, and for 4- and 5-bit codes whether v = q − offset needs the offset
+// correction (a runtime value, e.g. 8 for Q4_0, 16 for Q5_0), and whether every super-block is one group
+// (sb = 1: one loop over the groups, the scale read with its group).
 template <int BITS_, bool G16_, bool SC_, bool MIN_, bool MN_, bool OFF_, bool SB1_ = false>
 struct Kind {
   static constexpr int BITS = BITS_;
   static constexpr bool G16 = G16_, SC = SC_, MIN = MIN_, MN = MN_, OFF = OFF_, SB1 = SB1_;
   static constexpr int G = G16_ ? 16 : 32;
-  static constexpr int64_t GROUP_BYTES = BITS_ == 4 ? 256 : G * kTile;
+  static constexpr int64_t GROUP_BYTES = BITS_ == 4 ? 256 : BITS_ == 5 ? 320 : G * kTile;
 };
 
 // The kinds, by index (kind_of in block_kernels.cpp picks one; a layout no real format makes runs on the
@@ -51,12 +53,13 @@ using KQ4_0 = Kind<4, false, false, false, false, true, true>;
 using KQ4_1 = Kind<4, false, false, true, false, false, true>;
 using KQ4_K = Kind<4, false, true, true, true, false>;
 using KG4 = Kind<4, false, true, true, true, true>;
-using KQ8_0 = Kind<8, false, false, false, false, false, true>;  // Q8_0, Q5_0
+using KQ8_0 = Kind<8, false, false, false, false, false, true>;  // Q8_0 (and Q5_0 widened to bytes)
 using KQ5_1 = Kind<8, false, false, true, false, false, true>;
 using KG8 = Kind<8, false, true, true, true, false>;  // Q5_K, and the general 8-bit kind
 using KQ6_K = Kind<8, true, true, false, false, false>;
 using KG8_16 = Kind<8, true, true, true, true, false>;
-enum KindIndex : int { kQ4_0, kQ4_1, kQ4_K, kG4, kQ8_0, kQ5_1, kG8, kQ6_K, kG8_16, kKinds };
+using KQ5_0 = Kind<5, false, false, false, false, true, true>;  // the only 5-bit kind
+enum KindIndex : int { kQ4_0, kQ4_1, kQ4_K, kG4, kQ8_0, kQ5_1, kG8, kQ6_K, kG8_16, kQ5_0, kKinds };
 
 using TileFn = void (*)(const Weights&, const Activations&, int64_t t, int64_t m0, float* y);
 
@@ -90,6 +93,7 @@ void quantize_blocks_avx2(const float* x, int64_t k, int64_t begin, int64_t end,
     case kQ5_1: AB_ROW_TABLE(KQ5_1, FN)                       \
     case kG8: AB_ROW_TABLE(KG8, FN)                           \
     case kQ6_K: AB_ROW_TABLE(KQ6_K, FN)                       \
+    case kQ5_0: AB_ROW_TABLE(KQ5_0, FN)                       \
     default: AB_ROW_TABLE(KG8_16, FN)                         \
   }
 

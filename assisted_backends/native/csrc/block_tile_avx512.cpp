@@ -30,7 +30,7 @@ AB_AVX512 inline __m512i broadcast4(const int8_t* p) {
 
 template <class K, int ROWS>
 AB_AVX512 void tile(const Weights& w, const Activations& a, int64_t t, int64_t m0, float* y) {
-  constexpr int kChunks = K::BITS == 4 ? 8 : K::G / 4;  // dot products of 4 columns per group
+  constexpr int kChunks = K::BITS == 8 ? K::G / 4 : 8;  // dot products of 4 columns per group
   constexpr int64_t kGroupBytes = K::GROUP_BYTES;
   const int64_t groups = w.groups, supers = K::SB1 ? w.groups : w.supers, sb = K::SB1 ? 1 : w.sb;
   const int64_t blocks = a.k / kBlock, pf = w.prefetch;
@@ -52,7 +52,7 @@ AB_AVX512 void tile(const Weights& w, const Activations& a, int64_t t, int64_t m
   }
   __m512 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
-  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512i low = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
   int64_t g = 0;
   for (int64_t s = 0; s < supers; ++s) {
     const __m512 d = halves16(dp + s * kTile);
@@ -64,11 +64,18 @@ AB_AVX512 void tile(const Weights& w, const Activations& a, int64_t t, int64_t m
       for (int64_t line = 0; line < kGroupBytes; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(tg + pf + line), _MM_HINT_T0);
       __m512i wv[kChunks];
-      if (K::BITS == 4) {
+      if (K::BITS != 8) {
         for (int c = 0; c < 4; ++c) {
           const __m512i packed = _mm512_loadu_si512(tg + 64 * c);
           wv[c] = _mm512_and_si512(packed, low);
           wv[c + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+        }
+        if (K::BITS == 5) {  // the plane: bit i of mask c is the fifth bit of byte i of chunk c (q = nibble + 16)
+          for (int c = 0; c < 8; ++c) {
+            uint64_t bits;
+            std::memcpy(&bits, tg + 256 + 8 * c, 8);
+            wv[c] = _mm512_mask_add_epi8(wv[c], _cvtu64_mask64(bits), wv[c], fifth);
+          }
         }
       } else {
         for (int c = 0; c < kChunks; ++c) wv[c] = _mm512_loadu_si512(tg + 64 * c);

@@ -57,7 +57,7 @@ struct Linear {
   // Row `row` of W in fp32: S·v + Z computed in double and rounded once (BlockWeight.rows' values).
   void dequantize_row(int64_t row, float* out) const {
     const int64_t t = row / kTile, lane = row % kTile, groups = k / group, supers = groups / sb;
-    const int64_t group_bytes = bits == 4 ? 256 : group * kTile;
+    const int64_t group_bytes = bits == 4 ? 256 : bits == 5 ? 320 : group * kTile;
     const uint8_t* cp = codes.data_ptr<uint8_t>();
     const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
     const uint16_t* mp = dmin ? reinterpret_cast<const uint16_t*>(dmin->data_ptr<at::Half>()) : nullptr;
@@ -77,9 +77,11 @@ struct Linear {
         if (bits == 8) {
           v = int(tg[(col / 4) * 64 + lane * 4 + col % 4]) - 128;
         } else {
-          const int64_t c = col % 16;
-          const uint8_t byte = tg[(c / 4) * 64 + lane * 4 + c % 4];
-          v = int(col >= 16 ? byte >> 4 : byte & 0x0F) - int(offset);
+          const int64_t c = col % 16, high = col >= 16, i = lane * 4 + c % 4;
+          const uint8_t byte = tg[(c / 4) * 64 + i];
+          int q = high ? byte >> 4 : byte & 0x0F;
+          if (bits == 5) q |= ((tg[256 + (high * 4 + c / 4) * 8 + i / 8] >> (i % 8)) & 1) << 4;  // Q5_0's plane
+          v = q - int(offset);
         }
         double w = double(v) * double(s);
         if (mp) w = w + double(z);

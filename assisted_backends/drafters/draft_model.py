@@ -110,14 +110,14 @@ class ModelDrafter(Drafter):
         """The cache's rows follow the buffer's (whose padding the runner reads: nothing to send)."""
         self.runner.move_rows(move, buffer.length - 1)
 
-    def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
+    def insert_row(self, buffer: TokenBuffer, slot: int, width: int, pad_id: int) -> None:
         """The draft's cache holds columns [0, runner.length) of every row: the joining row's prompt tokens among
         them come from a one-row pass over the prompt alone; the others are fed as pending tokens in the next
         proposal's catch-up. Before the draft's first prefill there is nothing to write."""
-        pad = buffer.pad[position]
+        pad = buffer.pad[slot]
         held = self.runner.length - pad  # prompt positions this cache holds
         if held <= 0:
-            self.runner.layout.set_row_pad(position, pad)
+            self.runner.layout.set_row_pad(slot, pad)
             return
-        prompt = buffer.ids[position, pad : buffer.length - 1]
-        self.runner.insert_row(position, prompt, pad, held, max(width, prompt.shape[0]), pad_id)
+        prompt = buffer.ids[slot, pad : buffer.length - 1]
+        self.runner.insert_row(slot, prompt, pad, held, max(width, prompt.shape[0]), pad_id)

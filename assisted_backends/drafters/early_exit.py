@@ -105,12 +105,12 @@ class EarlyExitDrafter(ModelDrafter):
         self.runner.extend_from(self.target, self.layers, buffer.length - 1)  # catch up on plain rounds
         return super().propose(buffer, gamma, selector, generator)
 
-    def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
+    def insert_row(self, buffer: TokenBuffer, slot: int, width: int, pad_id: int) -> None:
         """The joining row's keys and values of the first `layers` layers are the target's (same weights, same
         prompt): copied from the target's cache, which took the row first."""
-        pad = buffer.pad[position]
+        pad = buffer.pad[slot]
         held = self.runner.length - pad
         if held <= 0:
-            self.runner.layout.set_row_pad(position, pad)
+            self.runner.layout.set_row_pad(slot, pad)
             return
-        self.runner.copy_row_from(self.target, position, pad, held, self.layers)
+        self.runner.copy_row_from(self.target, slot, pad, held, self.layers)

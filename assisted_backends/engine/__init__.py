@@ -10,6 +10,6 @@ cache's tensors), `runner` (the `Runner` protocol the engine types against, and 
 cache), `head_on_demand` (greedy verification computing the head only where it is read), `outputs` (the logits
 behind committed tokens), `joins` (queues: a prompt takes the slot of a row that ended).
 
-The words (round, step, row, batch position, slot, column, position, committed, pending, γ, α, E) are those of
+The words (round, step, row, slot, column, position, committed, pending, γ, α, E) are those of
 the glossary in docs/design.md.
 """

@@ -124,23 +124,23 @@ def tree_accept(
         scores = scores_at(row, [0] + path)  # [V]
         if not do_sample:
             choice = int(scores.argmax())
-            step = next((c for c in children[row] if tokens[c] == choice), None)
-            if step is None:
+            child_node = next((c for c in children[row] if tokens[c] == choice), None)
+            if child_node is None:
                 return path, choice
-            path.append(step)
-            row = step
+            path.append(child_node)
+            row = child_node
             continue
         residual = torch.softmax(scores, dim=-1)
-        step = None
+        child_node = None
         for child in children[row]:
             u = torch.rand((), generator=generator, device=residual.device, dtype=residual.dtype)
             if u < residual[tokens[child]]:
-                step = child
+                child_node = child
                 break
             removed = residual.clone()
             removed[tokens[child]] = 0.0
             residual = residual_distribution(residual, residual - removed)
-        if step is None:
+        if child_node is None:
             return path, int(sample(residual, generator))
-        path.append(step)
-        row = step
+        path.append(child_node)
+        row = child_node

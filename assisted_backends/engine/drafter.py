@@ -70,9 +70,9 @@ class Drafter(ABC):
         """Batches: the buffer's rows just moved by `move` (`engine.realign`); follow them (stateless: nothing)."""
         return None
 
-    def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
-        """Queues (`engine.joins`): the row at batch `position` is a new prompt, at columns
-        [buffer.pad[position], buffer.length − 1), its first new token at column buffer.length − 1; take it in.
+    def insert_row(self, buffer: TokenBuffer, slot: int, width: int, pad_id: int) -> None:
+        """Queues (`engine.joins`): the row at `slot` is a new prompt, at columns
+        [buffer.pad[slot], buffer.length − 1), its first new token at column buffer.length − 1; take it in.
         `width`: the columns a one-row pass over the prompt feeds (its bucket under static shapes), padded with
         `pad_id`. Stateless drafters (prompt lookup) have nothing to do."""
         return None
@@ -138,9 +138,9 @@ class GuardedDrafter:
         if self.active:
             self._call(self.drafter.move_rows, move, self.buffer)
 
-    def insert_row(self, position: int, width: int, pad_id: int) -> None:
+    def insert_row(self, slot: int, width: int, pad_id: int) -> None:
         if self.active:
-            self._call(self.drafter.insert_row, self.buffer, position, width, pad_id)
+            self._call(self.drafter.insert_row, self.buffer, slot, width, pad_id)
 
     def note_stop(self, stats: GenerationStats) -> None:
         """Record when and why drafting stopped for the rest of the call (once)."""

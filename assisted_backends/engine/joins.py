@@ -3,7 +3,7 @@
 Design (docs/design.md "Many prompts through a fixed number of slots"). The batch keeps the layout of
 `engine.realign`: left padding, then each row's tokens, every row ending at the shared column L, the
 newest committed token (column L − 1) pending for the target, whose cache holds columns [0, L − 1). A
-prompt x of P tokens joins at batch position b, the slot of a row that ended, as if it had always been
+prompt x of P tokens joins at slot b, left by a row that ended, as if it had always been
 there with L − 1 − P columns of padding:
 
 1. room: if P + 1 > L every row moves right by P + 1 − L (`realign.widen`: one `RowMove` through the
@@ -109,9 +109,9 @@ class Refill:
 
 @dataclass(frozen=True)
 class Joined:
-    """A row that joined at batch `position`: its first token and whether that token already ended it."""
+    """A row that joined at `slot`: its first token and whether that token already ended it."""
 
-    position: int
+    slot: int
     index: int
     first: torch.Tensor  # [1] the first new token
     logits: torch.Tensor  # [1, 1, V] the prompt pass's last logits
@@ -130,17 +130,17 @@ def make_room(buffer: TokenBuffer, prompt_length: int, move_rows: MoveRows) -> N
 
 
 def prefill_row(
-    buffer: TokenBuffer, target: Runner, refill: Refill, position: int, arrival: Arrival, choose_first: Callable
+    buffer: TokenBuffer, target: Runner, refill: Refill, slot: int, arrival: Arrival, choose_first: Callable
 ) -> Joined:
-    """Steps 2-4 for `arrival` at batch `position` (room made): its tokens, its pass, its first token."""
+    """Steps 2-4 for `arrival` at `slot` (room made): its tokens, its pass, its first token."""
     prompt = arrival.prompt.to(buffer.ids.device)
-    pad = buffer.place_row(position, prompt, arrival.index, refill.pad_id)
+    pad = buffer.place_row(slot, prompt, arrival.index, refill.pad_id)
     length = prompt.shape[0]
-    logits = target.insert_row(position, prompt, pad, length, refill.width(length), refill.pad_id)  # [1, 1, V]
+    logits = target.insert_row(slot, prompt, pad, length, refill.width(length), refill.pad_id)  # [1, 1, V]
     rows = RowStarts([pad], [arrival.index])
-    first = choose_first(logits, buffer.ids[position : position + 1, : buffer.length - 1], rows)  # [1]
-    buffer.ids[position, buffer.length - 1] = first[0]
-    return Joined(position, arrival.index, first, logits, pad)
+    first = choose_first(logits, buffer.ids[slot : slot + 1, : buffer.length - 1], rows)  # [1]
+    buffer.ids[slot, buffer.length - 1] = first[0]
+    return Joined(slot, arrival.index, first, logits, pad)
 
 
 def ends_at_once(
@@ -153,18 +153,18 @@ def ends_at_once(
         return True
     if stop is not None:
         rows = RowStarts([joined.pad], [joined.index])
-        row = buffer.ids[joined.position : joined.position + 1]
+        row = buffer.ids[joined.slot : joined.slot + 1]
         return bool(stop.hits(row, buffer.length - 1, 1, joined.logits[:, -1:], rows).any())
     return False
 
 
 def free_slots(live: list[bool], pending: int) -> list[int]:
-    """The batch positions a queue refills now: the first `pending` rows that do not generate."""
+    """The slots a queue refills now: the first `pending` rows that do not generate."""
     return [b for b, alive in enumerate(live) if not alive][:pending]
 
 
 def grow(buffer: TokenBuffer, rows: int, move_rows: MoveRows) -> None:
-    """Live queues: `rows` more batch positions at the end, copies of row 0 (one `move_rows` through the buffer, the
+    """Live queues: `rows` more slots at the end, copies of row 0 (one `move_rows` through the buffer, the
     target's cache and the drafter) that a joining prompt overwrites, as it overwrites a finished row's slot."""
     batch = len(buffer.pad)
     kept = tuple(range(batch)) + (0,) * rows

@@ -68,14 +68,14 @@ class CacheLayout(ABC):
             move_cache_rows(self.cache, move, self.length, keep, in_place=self._in_place)
         self.length = keep
 
-    def set_row_pad(self, position: int, pad: int) -> None:
-        """Queues (`engine.joins`): the row at batch `position` has a new occupant behind `pad` columns of padding
+    def set_row_pad(self, slot: int, pad: int) -> None:
+        """Queues (`engine.joins`): the row at `slot` has a new occupant behind `pad` columns of padding
         (already so when the padding is the buffer's, which placed the row)."""
-        self.padding.set_row(position, pad)
+        self.padding.set_row(slot, pad)
 
     def write_row(
         self,
-        position: int,
+        slot: int,
         source: CacheLayout,
         begin: int,
         source_begin: int,
@@ -84,9 +84,9 @@ class CacheLayout(ABC):
         source_row: int = 0,
     ) -> None:
         """Queues: positions [source_begin, source_begin + count) of `source`'s row `source_row` (row 0 of a one-row
-        pass over a joining prompt) become positions [begin, begin + count) of the row at batch `position`; the
+        pass over a joining prompt) become positions [begin, begin + count) of the row at `slot`; the
         first `layers` layers only when given (an early-exit view reading the target's cache)."""
-        write_cache_row(self.cache, source.cache, position, source_row, begin, source_begin, count, layers)
+        write_cache_row(self.cache, source.cache, slot, source_row, begin, source_begin, count, layers)
 
     @abstractmethod
     def one_row(self, model: PreTrainedModel, pad: int, width: int) -> CacheLayout:

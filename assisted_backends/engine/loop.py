@@ -33,11 +33,11 @@ def decode(state: DecodingState) -> GenerationStats:
     is dropped with one warning (`DraftFailedWarning`) and the call goes on with plain rounds.
     """
     started = time.perf_counter()
-    buffer, rows, settings, schedule, stats = state.buffer, state.rows, state.settings, state.schedule, state.stats
+    buffer, live, settings, schedule, stats = state.buffer, state.live, state.settings, state.schedule, state.stats
 
     prefill(state)
-    if rows.drop_finished and any(rows.live) and not all(rows.live):  # rows done at once leave (static: they ride)
-        state.realign([0] * len(rows.live), buffer.length)
+    if live.drop_finished and any(live.generating) and not all(live.generating):  # rows done at once leave (static: they ride)
+        state.realign([0] * len(live.generating), buffer.length)
     settings.synchronize()
     prefill_done = time.perf_counter()
     if schedule is not None:
@@ -45,7 +45,7 @@ def decode(state: DecodingState) -> GenerationStats:
     if settings.refill is not None:  # rows that ended at their first token: their slots take the next prompts
         _refill(state)
 
-    while any(rows.live):
+    while any(live.generating):
         if schedule is not None:
             schedule.observe_batch(buffer.ids.shape[0])  # the rows this round feeds: its costs depend on them
         gamma = schedule.draft_length() if (state.drafter.active and schedule is not None) else 0
@@ -59,7 +59,7 @@ def decode(state: DecodingState) -> GenerationStats:
 
     settings.synchronize()
     finished_at = time.perf_counter()
-    stats.new_tokens = sum(row.new_tokens for row in rows.stats)
+    stats.new_tokens = sum(row.new_tokens for row in live.stats)
     stats.prefill_s = prefill_done - started
     stats.decode_s = finished_at - prefill_done
     stats.target_forwards = state.target.forward_count
@@ -71,21 +71,21 @@ def _refill(state: DecodingState) -> None:
     """Queues (`engine.joins`): rows whose caller left end; the slot of every row that ended takes the next prompt,
     and the next again while the one that joined ends at its first token; a live queue's batch grows while prompts
     wait and no slot is free; then each generating row's new tokens go to `on_progress`."""
-    buffer, rows, settings, selector = state.buffer, state.rows, state.settings, state.selector
+    buffer, live, settings, selector = state.buffer, state.live, state.settings, state.selector
     refill, stats = settings.refill, state.stats
 
     def choose(logits: torch.Tensor, context: torch.Tensor, own: RowStarts) -> torch.Tensor:
         return choose_first(logits, context, selector, state.generator, own)[0]
 
     _end_cancelled(state, refill.queue.cancelled())
-    if refill.slots is not None and rows.drop_finished:
-        wanted = refill.queue.pending() - len(free_slots(rows.live, refill.queue.pending()))
-        extra = min(wanted, refill.slots - len(rows.live))
+    if refill.slots is not None and live.drop_finished:
+        wanted = refill.queue.pending() - len(free_slots(live.generating, refill.queue.pending()))
+        extra = min(wanted, refill.slots - len(live.generating))
         if extra > 0:
             grow(buffer, extra, state.move_rows)
-            rows.live.extend([False] * extra)
-    for position in free_slots(rows.live, refill.queue.pending()):
-        while refill.queue.pending() and not rows.live[position]:
+            live.generating.extend([False] * extra)
+    for slot in free_slots(live.generating, refill.queue.pending()):
+        while refill.queue.pending() and not live.generating[slot]:
             began = time.perf_counter()
             arrival = refill.queue.take()
             if arrival.max_new_tokens is not None:
@@ -93,21 +93,21 @@ def _refill(state: DecodingState) -> None:
             length = arrival.prompt.shape[0]
             make_room(buffer, length, state.move_rows)
             selector.add_row(arrival.index, arrival.processors)
-            rows.join(position, arrival.index, began - rows.started)
-            joined = prefill_row(buffer, state.target, refill, position, arrival, choose)
+            live.join(slot, arrival.index, began - live.started)
+            joined = prefill_row(buffer, state.target, refill, slot, arrival, choose)
             limit = settings.limit(arrival.index)
             done = ends_at_once(joined, buffer, settings.eos_token_ids, settings.stop, limit)
-            rows.commit({position: 1}, {position: done}, buffer.length - 1)
+            live.commit({slot: 1}, {slot: done}, buffer.length - 1)
             if done:
                 selector.drop_row(arrival.index)
             else:
-                state.drafter.insert_row(position, refill.width(length), refill.pad_id)
+                state.drafter.insert_row(slot, refill.width(length), refill.pad_id)
             stats.joins += 1
             stats.join_s += time.perf_counter() - began
     if refill.on_progress is not None:
-        for position in rows.positions():
-            count = buffer.new_tokens[position]
-            refill.on_progress(buffer.caller_rows[position], buffer.row_tokens(position, buffer.length, count))
+        for slot in live.slots():
+            count = buffer.new_tokens[slot]
+            refill.on_progress(buffer.caller_rows[slot], buffer.row_tokens(slot, buffer.length, count))
     if refill.on_round is not None:
         refill.on_round(stats)
 
@@ -117,6 +117,6 @@ def _end_cancelled(state: DecodingState, cancelled: list[int]) -> None:
     if not cancelled:
         return
     ending, buffer = set(cancelled), state.buffer
-    for position in state.rows.positions():
-        if buffer.caller_rows[position] in ending:
-            state.rows.commit({position: 0}, {position: True}, buffer.length)
+    for slot in state.live.slots():
+        if buffer.caller_rows[slot] in ending:
+            state.live.commit({slot: 0}, {slot: True}, buffer.length)

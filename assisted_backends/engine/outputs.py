@@ -28,19 +28,20 @@ class CommittedScores:
             self.scores[row].extend(scores[:count].float().unbind(0))
 
     @staticmethod
-    def by_step(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
-        """One [B, V] tensor per generated position (a row that ended before it: NaN there)."""
-        steps = max((len(row) for row in per_row), default=0)
+    def by_index(per_row: list[list[torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+        """One [B, V] tensor per new token's index (a row that ended before it: NaN there), as transformers'
+        `generate` returns its scores and logits."""
+        count = max((len(row) for row in per_row), default=0)
         vocab = next((row[0].shape[-1] for row in per_row if row), 0)
         out = []
-        for step in range(steps):
-            rows = [row[step] if step < len(row) else torch.full((vocab,), float("nan")) for row in per_row]
+        for index in range(count):
+            rows = [row[index] if index < len(row) else torch.full((vocab,), float("nan")) for row in per_row]
             out.append(torch.stack([r.to(rows[0].device) for r in rows]))
         return tuple(out)
 
     def as_outputs(self) -> dict[str, tuple[torch.Tensor, ...] | None]:
-        """{"scores": ..., "logits": ...}: step-major tuples, None for what was not asked."""
+        """{"scores": ..., "logits": ...}: tuples by new token index, None for what was not asked."""
         return {
-            "scores": self.by_step(self.scores) if self.want_scores else None,
-            "logits": self.by_step(self.logits) if self.want_logits else None,
+            "scores": self.by_index(self.scores) if self.want_scores else None,
+            "logits": self.by_index(self.logits) if self.want_logits else None,
         }

@@ -39,12 +39,12 @@ import torch
 
 @dataclass(frozen=True)
 class RowMove:
-    """Rows kept (`keep`, batch positions; None: all) and each kept row's right shift (negative: left)."""
+    """Rows kept (`keep`, slots; None: all) and each kept row's right shift (negative: left)."""
 
     keep: torch.Tensor | None  # [B'] long
     shift: torch.Tensor  # [B'] long, on the device
     shifts: tuple[int, ...]  # the same on the host
-    kept: tuple[int, ...]  # the batch positions kept, on the host (all of them when `keep` is None)
+    kept: tuple[int, ...]  # the slots kept, on the host (all of them when `keep` is None)
     _indices: dict = field(default_factory=dict, compare=False, repr=False)  # flat row indices by shape
 
     @property

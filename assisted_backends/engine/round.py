@@ -31,10 +31,10 @@ from assisted_backends.engine.tokens import RowStarts, TokenBuffer
 
 
 def speculative_round(state: DecodingState, gamma: int) -> RoundObservation:
-    """One round asking for γ draft tokens (γ = 0: a plain step); what it cost and yielded, for the schedule."""
+    """One round asking for γ draft tokens (γ = 0: a plain round); what it cost and yielded, for the schedule."""
     buffer, drafter = state.buffer, state.drafter
-    start, positions = buffer.length, state.rows.positions()  # L; the rows generating
-    callers = [buffer.caller_rows[b] for b in positions]  # before the rows move
+    start, slots = buffer.length, state.live.slots()  # L; the slots generating
+    callers = [buffer.caller_rows[b] for b in slots]  # before the rows move
     if gamma > 0 and not drafter.ready():  # the drafter's first look at the committed tokens
         gamma = 0
     began = time.perf_counter()
@@ -50,7 +50,7 @@ def speculative_round(state: DecodingState, gamma: int) -> RoundObservation:
     drafter.note_stop(state.stats)
     # batches: the verify cost includes realigning the rows (it grows with γ too)
     verify_s = (time.perf_counter() if buffer.batched else verified_at) - drafted_at
-    accepted = [n[b] for b in positions]
+    accepted = [n[b] for b in slots]
     return state.record_round(verification, callers, accepted, (drafted_at - began, verify_s), gamma > 0, len(n))
 
 
@@ -68,11 +68,11 @@ def choose_first(
     context: torch.Tensor,
     selector: TokenSelector,
     generator: torch.Generator | None,
-    rows: RowStarts | None,
+    starts: RowStarts | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Queues (`engine.joins`): (the token after `context` [B], its processed scores [B, 1, V]) from the last
     position's `logits`, as the prompt pass chooses it."""
-    scores = selector.scores(logits, context, rows)
+    scores = selector.scores(logits, context, starts)
     if selector.do_sample:
         return sample(torch.softmax(scores, dim=-1), generator)[:, -1], scores
     return scores.argmax(dim=-1)[:, -1], scores
@@ -93,15 +93,15 @@ def verify(state: DecodingState, start: int, proposal: Proposal) -> Verification
     gamma = proposal.count
     draft = buffer.ids[:, start : start + gamma]  # [B, γ]
     tokens = buffer.ids[:, target.length : start + gamma]  # [B, pending + γ]
-    rows = buffer.row_starts()
+    starts = buffer.row_starts()
     if split is not None and gamma > 0 and split.wanted():
         hidden = target.forward(tokens, hidden_only=True)  # [B, γ+1, D]
-        choose = selector.greedy_from(buffer.ids, start, rows)
+        choose = selector.greedy_from(buffer.ids, start, starts)
         accepted, next_token, logits = greedy_accept_on_demand(draft, hidden, split.head, choose, split)
         return Verification(accepted, next_token, logits, None, gamma, gamma, gamma, gamma + 1)
     prompt_pass = gamma == 0 and target.length == 0  # nothing cached yet: every committed token pending
     logits = target.forward(tokens, last_only=prompt_pass)  # [B, γ+1, V] ([B, 1, V] for the prompt pass)
-    scores = selector.scores(logits, buffer.through(start + gamma), rows)  # [B, γ+1, V]
+    scores = selector.scores(logits, buffer.through(start + gamma), starts)  # [B, γ+1, V]
     if not selector.do_sample:
         accepted, next_token = greedy_accept(draft, scores.argmax(dim=-1))
         if split is not None and gamma > 0:
@@ -172,14 +172,14 @@ def verify_tree(
 
 def commit(state: DecodingState, start: int, verification: Verification) -> tuple[list[int], dict[int, int]]:
     """Write y_b after each row's n_b accepted drafts and commit every generating row's tokens, to its limit and
-    through its first EOS or stop: (n per batch position, the count each generating row kept).
+    through its first EOS or stop: (n per slot, the count each generating row kept).
 
     The span [B, m = γ + 1] holds the γ drafts from column `start`, then scratch; the logits [B, m', V] with m' ≤ m
     (the head on demand computes fewer: positions past them lie past n, never committed)."""
-    buffer, rows, settings = state.buffer, state.rows, state.settings
+    buffer, live, settings = state.buffer, state.live, state.settings
     accepted, logits, scores = verification.accepted, verification.logits, verification.scores
-    positions = rows.positions()
-    remaining = {b: settings.limit(buffer.caller_rows[b]) - buffer.new_tokens[b] for b in positions}
+    slots = live.slots()
+    remaining = {b: settings.limit(buffer.caller_rows[b]) - buffer.new_tokens[b] for b in slots}
     span = buffer.ids[:, start : start + verification.drafts + 1]  # [B, m]: the drafts, then scratch
     span.scatter_(1, accepted[:, None], verification.next_token[:, None])  # y_b after the n_b accepted drafts
     stops = None
@@ -187,12 +187,12 @@ def commit(state: DecodingState, start: int, verification: Verification) -> tupl
         stops = settings.stop.hits(buffer.ids, start, logits.shape[1], logits, buffer.row_starts())
         stops = torch.nn.functional.pad(stops, (0, span.shape[1] - logits.shape[1]), value=False)
     n, ends, tokens = _outcome(accepted, span, settings.eos_token_ids, stops, settings.on_commit is not None)
-    kept = {b: min(n[b] + 1, remaining[b], ends[b] + 1) for b in positions}
-    done = {b: ends[b] < kept[b] or kept[b] == remaining[b] for b in positions}
+    kept = {b: min(n[b] + 1, remaining[b], ends[b] + 1) for b in slots}
+    done = {b: ends[b] < kept[b] or kept[b] == remaining[b] for b in slots}
     if settings.record is not None:  # the logits behind the tokens each row commits
         for b, count in kept.items():
             settings.record.add(buffer.caller_rows[b], logits[b], scores[b], count)
-    rows.commit(kept, done, start)
+    live.commit(kept, done, start)
     if settings.on_commit is not None:
         settings.on_commit(tokens[: kept[0]])  # committed tokens only: never a rejected draft token
     return n, kept

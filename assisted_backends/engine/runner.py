@@ -82,7 +82,7 @@ class Runner(Protocol):
     def move_rows(self, move: RowMove, length: int) -> None: ...
 
     def insert_row(
-        self, position: int, prompt: torch.Tensor, begin: int, keep: int, width: int, pad_id: int
+        self, slot: int, prompt: torch.Tensor, begin: int, keep: int, width: int, pad_id: int
     ) -> torch.Tensor: ...
 
     def tap_features(self, tap: FeatureTap) -> None: ...
@@ -279,9 +279,9 @@ class ModelRunner:
         self.layout.rollback(length)
 
     def insert_row(
-        self, position: int, prompt: torch.Tensor, begin: int, keep: int, width: int, pad_id: int
+        self, slot: int, prompt: torch.Tensor, begin: int, keep: int, width: int, pad_id: int
     ) -> torch.Tensor:
-        """Queues (`engine.joins`): the row at batch `position` now holds `prompt` [P] at columns [begin, begin + P).
+        """Queues (`engine.joins`): the row at `slot` now holds `prompt` [P] at columns [begin, begin + P).
         One pass of the model over the prompt alone, left-padded to `width` columns (a prompt bucket under static
         shapes, else P) in a one-row cache of this runner's layout kind; its first `keep` positions' keys and values
         (keep <= P: what this cache holds of the row, the rest stays pending) are written into the row. Returns the
@@ -294,16 +294,16 @@ class ModelRunner:
         tokens = torch.nn.functional.pad(prompt[None], (width - length, 0), value=pad_id)  # [1, width]
         logits = scratch.forward(tokens, last_only=True)  # [1, 1, V]
         self.forward_count += 1
-        self.layout.set_row_pad(position, begin)
-        self.layout.write_row(position, scratch.layout, begin, width - length, keep)
+        self.layout.set_row_pad(slot, begin)
+        self.layout.write_row(slot, scratch.layout, begin, width - length, keep)
         return logits
 
-    def copy_row_from(self, source: ModelRunner, position: int, pad: int, count: int, layers: int) -> None:
-        """Queues: the row at batch `position` has a new occupant with `pad` columns of left padding; its positions
+    def copy_row_from(self, source: ModelRunner, slot: int, pad: int, count: int, layers: int) -> None:
+        """Queues: the row at `slot` has a new occupant with `pad` columns of left padding; its positions
         [pad, pad + count) of the first `layers` layers are taken from the same row of `source`'s cache (an
         early-exit view: the target computed them with the same weights)."""
-        self.layout.set_row_pad(position, pad)
-        self.layout.write_row(position, source.layout, pad, pad, count, layers, source_row=position)
+        self.layout.set_row_pad(slot, pad)
+        self.layout.write_row(slot, source.layout, pad, pad, count, layers, source_row=slot)
 
     def move_rows(self, move: RowMove, length: int) -> None:
         """Batches: shift each row's cached positions (`engine.realign`); keep at most `length`. The rows' padding is

@@ -50,7 +50,7 @@ class LoopSettings:
 
 
 class LiveRows:
-    """Which batch positions of `buffer` still generate, and each caller row's stats. `on_finish(row, tokens)`:
+    """Which slots of `buffer` still generate, and each caller row's stats. `on_finish(row, tokens)`:
     called with the caller's row index and its new tokens as each row ends. `drop_finished`: finished rows leave the
     batch (the dynamic layout) rather than ride along (static shapes, where the batch size must not change)."""
 
@@ -63,7 +63,7 @@ class LiveRows:
     ) -> None:
         batch, filler_rows = buffer.ids.shape[0], buffer.filler_rows
         self.buffer = buffer
-        self.live = [True] * (batch - filler_rows) + [False] * filler_rows  # False: finished or filler, riding along
+        self.generating = [True] * (batch - filler_rows) + [False] * filler_rows  # False: finished or filler, riding along
         self.stats = [RowStats() for _ in range(batch - filler_rows)]  # by the caller's row index
         self.total = stats
         self.drop_finished = drop_finished
@@ -71,19 +71,19 @@ class LiveRows:
         self.started = time.perf_counter()  # the call's start: rows' join and finish times count from it
         stats.batch_size, stats.rows = batch - filler_rows, self.stats
 
-    def positions(self) -> list[int]:
-        """The batch positions still generating."""
-        return [b for b, alive in enumerate(self.live) if alive]
+    def slots(self) -> list[int]:
+        """The slots still generating."""
+        return [b for b, alive in enumerate(self.generating) if alive]
 
-    def join(self, position: int, row: int, at: float) -> None:
-        """The caller's row `row` (the next of a queue) takes batch `position`, its prompt pass begun at `at`."""
+    def join(self, slot: int, row: int, at: float) -> None:
+        """The caller's row `row` (the next of a queue) takes `slot`, its prompt pass begun at `at`."""
         if row != len(self.stats):
             raise RuntimeError(f"queue rows join in order: expected row {len(self.stats)}, got {row}")
         self.stats.append(RowStats(joined_s=at))
-        self.live[position] = True
+        self.generating[slot] = True
 
     def commit(self, counts: dict[int, int], done: dict[int, bool], end: int) -> None:
-        """Row b (batch position) committed counts[b] tokens ending before column end + counts[b]."""
+        """Row b (its slot) committed counts[b] tokens ending before column end + counts[b]."""
         at = time.perf_counter() - self.started
         buffer = self.buffer
         buffer.commit(counts)
@@ -91,7 +91,7 @@ class LiveRows:
             row = self.stats[buffer.caller_rows[b]]
             row.new_tokens = buffer.new_tokens[b]
             if done[b]:
-                self.live[b] = False
+                self.generating[b] = False
                 row.finished_s = at
                 buffer.finish_row(b, end + counts[b])
                 if self.on_finish is not None:
@@ -105,7 +105,7 @@ class DecodingState:
     buffer: TokenBuffer
     target: Runner
     drafter: GuardedDrafter
-    rows: LiveRows
+    live: LiveRows
     selector: TokenSelector
     generator: torch.Generator | None
     settings: LoopSettings
@@ -129,14 +129,14 @@ class DecodingState:
         shapes are free; the head splits (greedy only) where the plan gave the runner a head on demand."""
         drop_finished = not settings.static_shapes and target.resizable
         on_finish = _on_finish(settings.refill, selector)
-        rows = LiveRows(buffer, stats, drop_finished, on_finish)
+        live = LiveRows(buffer, stats, drop_finished, on_finish)
         split = HeadSplit(target.head) if target.head is not None and not selector.do_sample else None
         guarded = GuardedDrafter(drafter, buffer)
-        return cls(buffer, target, guarded, rows, selector, generator, settings, schedule, split, TreePrice())
+        return cls(buffer, target, guarded, live, selector, generator, settings, schedule, split, TreePrice())
 
     @property
     def stats(self) -> GenerationStats:
-        return self.rows.total
+        return self.live.total
 
     @property
     def reserve(self) -> int:
@@ -147,7 +147,7 @@ class DecodingState:
     def tokens_left(self) -> int:
         """The most new tokens a row still generating may yet commit."""
         buffer = self.buffer
-        return max(self.settings.limit(buffer.caller_rows[b]) - buffer.new_tokens[b] for b in self.rows.positions())
+        return max(self.settings.limit(buffer.caller_rows[b]) - buffer.new_tokens[b] for b in self.live.slots())
 
     def move_rows(self, move: RowMove, pad: list[int], length: int) -> None:
         """The one call that moves the rows (`engine.realign`): the buffer (ids, column inputs, padding: the
@@ -163,9 +163,9 @@ class DecodingState:
         buffer = self.buffer
         if not buffer.batched:
             buffer.end_round(start + kept[0])
-        elif any(self.rows.live):
-            most = max(accepted[b] for b in self.rows.positions())
-            live_accepted = [accepted[b] if alive else 0 for b, alive in enumerate(self.rows.live)]
+        elif any(self.live.generating):
+            most = max(accepted[b] for b in self.live.slots())
+            live_accepted = [accepted[b] if alive else 0 for b, alive in enumerate(self.live.generating)]
             self.realign(live_accepted, start + most + 1)
         self.target.rollback(buffer.length - 1)  # the newest committed token stays pending
         if drafted:
@@ -175,15 +175,15 @@ class DecodingState:
         """Move the rows so that every one still generating ends at one column (`engine.realign`), dropping the
         finished ones under the dynamic layout (but those a queue's next prompts take); `length`: the shared
         length if no row moved."""
-        rows, buffer = self.rows, self.buffer
+        live, buffer = self.live, self.buffer
         began = time.perf_counter()
-        refilled = set(free_slots(rows.live, self.reserve))
-        stays = [not rows.drop_finished or b in refilled for b in range(len(rows.live))]
-        move, pad, cut = plan_move(buffer.pad, accepted, rows.live, stays, buffer.ids.device)
+        refilled = set(free_slots(live.generating, self.reserve))
+        stays = [not live.drop_finished or b in refilled for b in range(len(live.generating))]
+        move, pad, cut = plan_move(buffer.pad, accepted, live.generating, stays, buffer.ids.device)
         if move is None:
             buffer.end_round(length)
             return
-        rows.live = [rows.live[b] for b in move.kept]
+        live.generating = [live.generating[b] for b in move.kept]
         self.move_rows(move, pad, length - cut)
         self.stats.row_moves += 1
         self.stats.move_s += time.perf_counter() - began
@@ -197,7 +197,7 @@ class DecodingState:
         pass of one row (`timing`: draft and verify seconds); returns what the schedule learns from the round."""
         for row, n in zip(callers, accepted):
             self.stats.record_round(verification.verified, n)
-            self.rows.stats[row].record_round(verification.verified, n)
+            self.live.stats[row].record_round(verification.verified, n)
         self.stats.head_positions_skipped += verification.skipped
         self.tree_price.trees += verification.tree
         if drafted and not self.buffer.batched:  # chain or tree: priced by the rows a pass feeds

@@ -17,7 +17,7 @@ from assisted_backends.engine.realign import RowMove
 
 @dataclass(frozen=True)
 class RowStarts:
-    """Batches: the column where each row's tokens begin, and each batch position's row in the caller's batch."""
+    """Batches: the column where each row's tokens begin, and each slot's row in the caller's batch."""
 
     starts: list[int]
     caller_rows: list[int]
@@ -59,10 +59,10 @@ class RowPadding:
         self.host = [int(pad) for pad in pads]
         self._changed()
 
-    def set_row(self, position: int, pad: int) -> None:
-        """The row at batch `position` has `pad` columns of padding (a queue's prompt took its slot)."""
-        if self.host[position] != pad:
-            self.host[position] = int(pad)
+    def set_row(self, slot: int, pad: int) -> None:
+        """The row at `slot` has `pad` columns of padding (a queue's prompt took its slot)."""
+        if self.host[slot] != pad:
+            self.host[slot] = int(pad)
             self._changed()
 
     def _changed(self) -> None:
@@ -76,7 +76,7 @@ class TokenBuffer:
     Positions past `length` are scratch space: the drafter writes its proposal there, so the
     target's verification input and every processor's prefix are views, never copies.
     Every row is left padding (`pad[b]` columns), then its tokens, all rows ending at column `length`
-    (`engine.realign`); `caller_rows[b]` is the caller's index of the row at batch position b, `results`
+    (`engine.realign`); `caller_rows[b]` is the caller's index of the row in slot b, `results`
     the new tokens of rows that finished (by the caller's index). The last `filler_rows` rows only fill a
     batch up to its bucket (static shapes): copies of row 0 that are never read.
     `padding` is held here once and shared with the runners' cache layouts (`RowPadding`).
@@ -102,7 +102,7 @@ class TokenBuffer:
         self.padding = RowPadding(pad if pad is not None else [0] * batch, prompt.device)
         self.caller_rows = list(range(batch - filler_rows)) + [0] * filler_rows
         self.filler_rows = filler_rows
-        self.new_tokens = [0] * batch  # committed after the prompt, per batch position
+        self.new_tokens = [0] * batch  # committed after the prompt, per slot
         self.results: dict[int, torch.Tensor] = {}
         self.columns = {name: _continued(name, given, capacity) for name, given in (columns or {}).items()}
 
@@ -133,7 +133,7 @@ class TokenBuffer:
         return self.padding.tensor
 
     def commit(self, counts: dict[int, int]) -> None:
-        """Row b (batch position) committed counts[b] more tokens (their columns written by the round)."""
+        """Row b (its slot) committed counts[b] more tokens (their columns written by the round)."""
         for b, count in counts.items():
             self.new_tokens[b] += count
 
@@ -153,29 +153,29 @@ class TokenBuffer:
         extra = width - table.shape[1]  # a static cache rounds the capacity up to its bucket: attended
         return table[:, :width] if extra <= 0 else torch.nn.functional.pad(table, (0, extra), value=1)
 
-    def row_tokens(self, position: int, end: int, count: int) -> torch.Tensor:
-        """[count] the last `count` tokens of the row at batch `position` that end before column `end`."""
-        return self.ids[position, end - count : end]
+    def row_tokens(self, slot: int, end: int, count: int) -> torch.Tensor:
+        """[count] the last `count` tokens of the row at `slot` that end before column `end`."""
+        return self.ids[slot, end - count : end]
 
-    def finish_row(self, position: int, end: int) -> None:
-        """Keep the new tokens of the row at batch `position`, whose last one sits at column end − 1."""
-        self.results[self.caller_rows[position]] = self.row_tokens(position, end, self.new_tokens[position]).clone()
+    def finish_row(self, slot: int, end: int) -> None:
+        """Keep the new tokens of the row at `slot`, whose last one sits at column end − 1."""
+        self.results[self.caller_rows[slot]] = self.row_tokens(slot, end, self.new_tokens[slot]).clone()
 
-    def place_row(self, position: int, prompt: torch.Tensor, caller_row: int, fill_value: int) -> int:
-        """Queues (`engine.joins`): the slot at batch `position` takes the caller's row `caller_row`, whose prompt
+    def place_row(self, slot: int, prompt: torch.Tensor, caller_row: int, fill_value: int) -> int:
+        """Queues (`engine.joins`): `slot` takes the caller's row `caller_row`, whose prompt
         [P] ends at column length − 1 (the column of its first new token, the newest committed column of every
         row); return its left padding length − 1 − P (the caller made room: P < length)."""
         begin = self.length - 1 - prompt.shape[0]
-        self.ids[position, :begin] = fill_value
-        self.ids[position, begin : self.length - 1] = prompt
-        self.padding.set_row(position, begin)
-        self.caller_rows[position] = caller_row
-        self.new_tokens[position] = 0
+        self.ids[slot, :begin] = fill_value
+        self.ids[slot, begin : self.length - 1] = prompt
+        self.padding.set_row(slot, begin)
+        self.caller_rows[slot] = caller_row
+        self.new_tokens[slot] = 0
         return begin
 
-    def row_view(self, position: int) -> OneRowView:
-        """The row at batch `position` as a one-row buffer, reading through to this one."""
-        return OneRowView(self, position)
+    def row_view(self, slot: int) -> OneRowView:
+        """The row at `slot` as a one-row buffer, reading through to this one."""
+        return OneRowView(self, slot)
 
     def move_rows(self, move: RowMove, pad: list[int], length: int) -> None:
         """Apply `move` to the ids (and column inputs): the rows kept (`move.kept`) with their new left padding
@@ -189,18 +189,18 @@ class TokenBuffer:
 
 
 class OneRowView(TokenBuffer):
-    """Row `position` of a `TokenBuffer` seen as a one-row buffer (ids [1, capacity]), for drafters whose state
+    """The row in `slot` of a `TokenBuffer` seen as a one-row buffer (ids [1, capacity]), for drafters whose state
     is per row (`drafters.any_pair.rowwise`); reads and writes go to the parent's tensor."""
 
     batched = False
 
-    def __init__(self, parent: TokenBuffer, position: int) -> None:  # no own storage: nothing to allocate
-        self.parent, self.position = parent, position
-        self.padding, self.columns = RowPadding([parent.pad[position]], parent.ids.device), {}
+    def __init__(self, parent: TokenBuffer, slot: int) -> None:  # no own storage: nothing to allocate
+        self.parent, self.slot = parent, slot
+        self.padding, self.columns = RowPadding([parent.pad[slot]], parent.ids.device), {}
 
     @property
     def ids(self) -> torch.Tensor:
-        return self.parent.ids[self.position : self.position + 1]
+        return self.parent.ids[self.slot : self.slot + 1]
 
     @property
     def length(self) -> int:

@@ -116,13 +116,13 @@ def test_a_wrong_draft_commits_the_targets_one_token(model_and_plain):
         assert state.target.length == state.buffer.length - 1
     assert torch.equal(state.buffer.committed()[0, PROMPT_LENGTH:], plain[:4])
     assert state.stats.drafted == 9 and state.stats.accepted == 0 and state.stats.rounds == 3
-    assert state.rows.stats[0].drafted == 9  # the row's own statistics, kept in the same place
+    assert state.live.stats[0].drafted == 9  # the row's own statistics, kept in the same place
 
 
 def test_rounds_stop_at_max_new_tokens(model_and_plain):
     model, prompt, plain = model_and_plain
     state = start(model, prompt, WritesTokens(plain))
-    while any(state.rows.live):
+    while any(state.live.generating):
         speculative_round(state, min(4, state.tokens_left() - 1))
     assert torch.equal(state.buffer.results[0], plain)
 

@@ -31,12 +31,12 @@ RUNNER_METHODS = {
     "tree_refusal": ["self"],
     "rollback": ["self", "length"],
     "move_rows": ["self", "move", "length"],
-    "insert_row": ["self", "position", "prompt", "begin", "keep", "width", "pad_id"],
+    "insert_row": ["self", "slot", "prompt", "begin", "keep", "width", "pad_id"],
     "tap_features": ["self", "tap"],
 }
 RUNNER_ATTRIBUTES = {"length", "forward_count", "resizable", "head"}
 STATE_FIELDS = [
-    "buffer", "target", "drafter", "rows", "selector", "generator", "settings", "schedule", "split", "tree_price",
+    "buffer", "target", "drafter", "live", "selector", "generator", "settings", "schedule", "split", "tree_price",
 ]  # fmt: skip
 
 

@@ -43,23 +43,23 @@ class RowwiseDrafter(Drafter):
 
     def prefill(self, buffer: TokenBuffer) -> None:
         self.prefilled = True
-        for position, drafter in enumerate(self.drafters):
-            drafter.prefill(buffer.row_view(position))
+        for slot, drafter in enumerate(self.drafters):
+            drafter.prefill(buffer.row_view(slot))
 
-    def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
+    def insert_row(self, buffer: TokenBuffer, slot: int, width: int, pad_id: int) -> None:
         """A joining row gets a drafter of its own, which reads the row's prompt now if the others have read theirs."""
         if self.fresh is None:
             raise NotImplementedError("this draft of another tokenizer was built without a factory for joining rows")
-        self.retired_forwards += self.drafters[position].forward_count
+        self.retired_forwards += self.drafters[slot].forward_count
         drafter = self.fresh()
-        drafter.shift_columns(0, buffer.pad[position])  # not prefilled: sets its padding
-        self.drafters[position] = drafter
+        drafter.shift_columns(0, buffer.pad[slot])  # not prefilled: sets its padding
+        self.drafters[slot] = drafter
         if self.prefilled:
-            drafter.prefill(buffer.row_view(position))
+            drafter.prefill(buffer.row_view(slot))
 
     def rollback(self, buffer: TokenBuffer) -> None:
-        for position, drafter in enumerate(self.drafters):
-            drafter.rollback(buffer.row_view(position))
+        for slot, drafter in enumerate(self.drafters):
+            drafter.rollback(buffer.row_view(slot))
 
     def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
         self.drafters = [self.drafters[b] for b in move.kept]

@@ -111,8 +111,8 @@ class SuffixDrafter(Drafter):
             seen.add(b)
         self.rows = kept
 
-    def insert_row(self, buffer: TokenBuffer, position: int, width: int, pad_id: int) -> None:
-        self.rows[position] = _Row()  # its prompt is read at the next proposal, with its first token
+    def insert_row(self, buffer: TokenBuffer, slot: int, width: int, pad_id: int) -> None:
+        self.rows[slot] = _Row()  # its prompt is read at the next proposal, with its first token
 
     def _catch_up(self, buffer: TokenBuffer) -> None:
         """Index every row's tokens committed since the last round."""

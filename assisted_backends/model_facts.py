@@ -36,7 +36,9 @@ class ModelFacts:
     input embeddings and the output head (once if tied): what a pass over a prompt runs per token;
     `rollback_refusal`: why its KV cache cannot move back exactly (None: it can);
     `hidden_size`: the width of its hidden states, when the config states one (an EAGLE head's features
-    must have it);
+    must have it); `input_embedding_width`: the width of the rows its input embedding can hand out (a weight's
+    columns, or a quantized table's `embedding_dim` where it has `unscaled_rows`; None: it cannot hand out rows,
+    so an EAGLE head without `embed_tokens` cannot borrow it);
     `weight_bytes`: the bytes of weights a decode step reads (`step_weight_bytes`: quantized layers count their
     packed bytes); `activation_dtype`: its hidden states' dtype; `quantized_kernels`: what its quantized layers
     run on ({"blocks"}: the package's kernels, {"aten"}: PyTorch's, empty: none quantized).
@@ -53,6 +55,7 @@ class ModelFacts:
     body_parameters: int
     rollback_refusal: str | None
     hidden_size: int | None = None
+    input_embedding_width: int | None = None
     weight_bytes: int | None = None
     activation_dtype: torch.dtype | None = None
     quantized_kernels: frozenset[str] = frozenset()
@@ -80,6 +83,7 @@ class ModelFacts:
             body_parameters=max(parameters - sum(matrices.values()), 1),
             rollback_refusal=hf_compat.rollback_refusal(model),
             hidden_size=hidden if isinstance(hidden := getattr(config, "hidden_size", None), int) else None,
+            input_embedding_width=_embedding_width(_input_embeddings(model)),
             weight_bytes=step_weight_bytes(model),
             activation_dtype=hf_compat.activation_dtype(model),
             quantized_kernels=quantized_kernels(model),
@@ -89,6 +93,17 @@ class ModelFacts:
         """NotImplementedError naming the `role` when its cache cannot roll back."""
         if self.rollback_refusal is not None:
             raise NotImplementedError(f"the {role} ({self.name}) {self.rollback_refusal}")
+
+
+def _embedding_width(embedding: torch.nn.Module | None) -> int | None:
+    """The width of the rows `embedding` hands out: its weight's columns, or a quantized table's `embedding_dim`
+    (`unscaled_rows`); None when it has neither."""
+    weight = getattr(embedding, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return int(weight.shape[-1])
+    if callable(getattr(embedding, "unscaled_rows", None)):
+        return int(embedding.embedding_dim)
+    return None
 
 
 def _input_embeddings(model: torch.nn.Module) -> torch.nn.Module | None:

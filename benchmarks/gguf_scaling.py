@@ -65,7 +65,7 @@ _LAYOUT = {
     "Q4_K": (256, 144, (2e-4, 1.5e-3)),
     "Q6_K": (256, 210, ()),  # ql, qh, 16 int8 sub-scales (any bytes are valid), then d (fp16) at byte 208
 }
-_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
+_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}  # llama-quantize's choice when the columns do not divide into 256
 _Q6_K_D = 1e-4
 
 
@@ -78,7 +78,7 @@ def tensor_kind(quant: str, name: str, layer: int, layers: int) -> str:
     if name in ("output", "token_embd_tied"):
         return "Q6_K"
     more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
-    return "Q6_K" if name in ("attn_v", "ffn_down") and more_bits else "Q4_K"  # llama-quantize's choice when the columns do not divide into 256-weight blocks
+    return "Q6_K" if name in ("attn_v", "ffn_down") and more_bits else "Q4_K"
 
 
 def _block_kind(quant: str, columns: int) -> str:

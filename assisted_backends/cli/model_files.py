@@ -84,7 +84,8 @@ def estimate_parameters(config: dict) -> int | None:
     head_dim = text.get("head_dim") or hidden // heads
     attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
     inner = text.get("intermediate_size") or text.get("n_inner") or text.get("ffn_dim") or 4 * hidden
-    gated = 3 if text.get("hidden_act", text.get("activation_function", "")) in ("silu", "swiglu", "gelu_pytorch_tanh") else 2
+    activation = text.get("hidden_act", text.get("activation_function", ""))
+    gated = 3 if activation in ("silu", "swiglu", "gelu_pytorch_tanh") else 2
     embeddings = vocab * hidden * (1 if text.get("tie_word_embeddings", config.get("tie_word_embeddings", True)) else 2)
     return embeddings + layers * (attention + gated * hidden * inner)
 

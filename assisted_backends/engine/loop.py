@@ -36,7 +36,7 @@ def decode(state: DecodingState) -> GenerationStats:
     buffer, live, settings, schedule, stats = state.buffer, state.live, state.settings, state.schedule, state.stats
 
     prefill(state)
-    if live.drop_finished and any(live.generating) and not all(live.generating):  # rows done at once leave (static: they ride)
+    if live.drop_finished and any(live.generating) and not all(live.generating):  # done at once: leave (static: ride)
         state.realign([0] * len(live.generating), buffer.length)
     settings.synchronize()
     prefill_done = time.perf_counter()

@@ -63,7 +63,7 @@ class LiveRows:
     ) -> None:
         batch, filler_rows = buffer.ids.shape[0], buffer.filler_rows
         self.buffer = buffer
-        self.generating = [True] * (batch - filler_rows) + [False] * filler_rows  # False: finished or filler, riding along
+        self.generating = [True] * (batch - filler_rows) + [False] * filler_rows  # False: finished or filler, riding
         self.stats = [RowStats() for _ in range(batch - filler_rows)]  # by the caller's row index
         self.total = stats
         self.drop_finished = drop_finished

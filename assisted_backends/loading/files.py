@@ -6,7 +6,8 @@ A GGUF file is converted once with transformers' GGUF support (`from_pretrained(
 which needs the `gguf` and `accelerate` packages and dequantizes every weight to a plain tensor) and
 saved as an ordinary model directory under the user's cache, keyed by the file's sha256 alone (a renamed
 file is not converted again): `$ASSISTED_BACKENDS_CACHE/gguf/<sha16>/` (default `~/.cache/assisted_backends`;
-sha16: the first 16 hex digits). Later loads read that directory, which is several times faster than parsing the GGUF again and needs no `gguf`.
+sha16: the first 16 hex digits). Later loads read that directory, which is several times faster than parsing the
+GGUF again and needs no `gguf`.
 """
 
 from __future__ import annotations

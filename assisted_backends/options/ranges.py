@@ -83,7 +83,7 @@ def check_drafting(given: Mapping[str, Any]) -> DraftingRequest:
     """At most one way of drafting among `given` (option -> value; None or False: not given), counts in range; the
     request, stated. `assistant_model`'s value is what the assistant is (`AssistantKind`): an EAGLE-3 head
     ("eagle_head") takes prompt lookup or the suffix drafter beside it (a match when there is one, else the head)."""
-    chosen = [name for name in DRAFTING_OPTIONS if given.get(name) is not None and given.get(name) is not False]  # 0 counts
+    chosen = [name for name in DRAFTING_OPTIONS if given.get(name) is not None and given.get(name) is not False]
     head = given.get("assistant_model") == "eagle_head"
     if head and len(chosen) == 2 and {"prompt_lookup_num_tokens", "suffix_cache"} & set(chosen):
         chosen = ["assistant_model"]  # an EAGLE-3 head: a lookup (or suffix) match when there is one, else the head

@@ -7,8 +7,8 @@ interface every weight format implements, and the formats), `linear` (`Quantized
 `QuantizedEmbedding`, `quantize_model`), `gguf` (GGUF blocks -> kernel layouts, what is exact and what
 is rounded), `gguf_header` (the package's one GGUF header reader, torch-free), `hf_config` (the
 transformers config of a GGUF file), `cache` (where repacked weights are kept), `model`
-(`load_gguf_quantized`), `fusion` (sibling projections in one call), `native_decoder` (`NativeCausalLM`). Vendor packages (`gguf`, `safetensors`,
-`accelerate`) are imported only where used.
+(`load_gguf_quantized`), `fusion` (sibling projections in one call), `native_decoder` (`NativeCausalLM`). Vendor
+packages (`gguf`, `safetensors`, `accelerate`) are imported only where used.
 """
 
 from __future__ import annotations

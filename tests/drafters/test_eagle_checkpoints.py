@@ -272,3 +272,22 @@ def test_the_targets_embedding_never_becomes_part_of_the_head():
     head.use_target_embedding(target.get_input_embeddings().weight)  # an nn.Parameter
     assert "_target_embedding" not in head.state_dict() and all(p is not None for p in head.parameters())
     assert sum(p.numel() for p in head.parameters()) == head.body_parameters()
+
+
+def test_a_head_without_embed_tokens_is_refused_while_planning(tmp_path):
+    """A head that borrows the target's input embedding (the EAGLE authors' files carry none) is checked against
+    that embedding by planning, from the target's facts: no model is prepared for a call it refuses."""
+    from assisted_backends import AssistedGenerator
+
+    head = load_head(write_eagle_authors(tmp_path / "authors"))
+    assert head.embed_tokens is None
+    target = _target()
+    target.set_input_embeddings(torch.nn.Embedding(128, 32))  # never run: the call is refused before
+    generator = AssistedGenerator(target, head)
+    with pytest.raises(OptionError, match="no embed_tokens and its width 64 differs from the target embedding's 32"):
+        generator.plan(random_prompt(5, seed=0), max_new_tokens=4)
+    prepared = []
+    generator.backend.prepare = lambda *args, **kwargs: prepared.append(args)  # a spy: nothing may be prepared
+    with pytest.raises(OptionError, match="no embed_tokens"):
+        generator.generate(random_prompt(5, seed=0), max_new_tokens=4)
+    assert prepared == []

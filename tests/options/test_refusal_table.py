@@ -29,8 +29,8 @@ LEFT_OUTSIDE = {
     "backends/registry.py": "the device name: the registry knows which backends exist on this machine",
     "backends/cpu/precision.py": "a dtype the CPU cannot run natively: needs the CPU's features",
     "backends/hpu/backend.py": "HPU-only options: the Habana stack is imported only there",
-    "drafters/eagle/build.py": "an EAGLE head against its target: `check_head` runs at planning; the embedding "
-    "checks need the prepared target's input embedding (issue 40: still raised when the head is prepared)",
+    "drafters/eagle/build.py": "an EAGLE head against its target (vocabulary, width, the input embedding it "
+    "borrows): `check_head`, called by planning (`drafters.factory.plan_drafting`) from the target's facts",
     "drafters/eagle/precision.py": "an EAGLE head's precision name: the head's own module",
     "cli/session.py": "CLI-only: --head-precision without a head, found when the flags' files are read",
 }

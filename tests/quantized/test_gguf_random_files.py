@@ -1,5 +1,5 @@
-"""The random-weight GGUF writer of `benchmarks.gguf_scaling` (Q4_0 / Q8_0 / Q4_K / the Q4_K_M mix), read back with gguf's own
-dequantization: a small shape, no llama.cpp."""
+"""The random-weight GGUF writer of `benchmarks.gguf_scaling` (Q4_0 / Q8_0 / Q4_K / the Q4_K_M mix), read back
+with gguf's own dequantization: a small shape, no llama.cpp."""
 
 from __future__ import annotations
 

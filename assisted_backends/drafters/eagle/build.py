@@ -32,7 +32,8 @@ def is_eagle_head(model: object) -> bool:
 
 
 def check_head(head: Eagle3Head, target: ModelFacts) -> None:
-    """OptionError naming `assistant_model` when `head` was trained for another target (vocabulary, width)."""
+    """OptionError naming `assistant_model` when `head` was trained for another target (vocabulary, width) or
+    borrows an input embedding the target cannot lend (none, or of another width): at planning, from the facts."""
     config = head.config
     problems = []
     if config.vocab_size != target.vocab_size:
@@ -48,6 +49,18 @@ def check_head(head: Eagle3Head, target: ModelFacts) -> None:
             "{name} is an EAGLE-3 head trained for another target: "
             + "; ".join(problems)
             + ". Use a head trained for this model (train one with `train-draft`)",
+            name="assistant_model",
+        )
+    if head.embed_tokens is None and target.input_embedding_width is None:
+        raise OptionError(
+            "{name} carries no embed_tokens and the target's input embedding has no weight to embed tokens with: "
+            "use a head that carries embed_tokens",
+            name="assistant_model",
+        )
+    if head.embed_tokens is None and target.input_embedding_width != config.hidden_size:
+        raise OptionError(
+            f"{{name}} carries no embed_tokens and its width {config.hidden_size} differs from the target "
+            f"embedding's {target.input_embedding_width}: it was trained for another target",
             name="assistant_model",
         )
 
@@ -85,13 +98,7 @@ def target_embedding(target: torch.nn.Module) -> tuple[torch.Tensor | Callable[[
     weight = getattr(embedding, "weight", None)
     if isinstance(weight, torch.Tensor):
         return weight, int(weight.shape[0]), int(weight.shape[-1])
-    rows = getattr(embedding, "unscaled_rows", None)
-    if rows is None:
-        raise OptionError(
-            f"{{name}} carries no embed_tokens and the target's input embedding ({type(embedding).__name__}) has "
-            "no weight to embed tokens with: use a head that carries embed_tokens",
-            name="assistant_model",
-        )
+    rows = embedding.unscaled_rows  # planning refused a table without rows (`check_head`)
     return rows, int(embedding.num_embeddings), int(embedding.embedding_dim)
 
 
@@ -135,13 +142,7 @@ def prepared_head(head: Eagle3Head, target: torch.nn.Module, precision: HeadPrec
     else:
         prepared = _cached(head, (dtype, device), lambda: float_copy(head, dtype, device))
     if prepared.embed_tokens is None:
-        embedding, rows, width = target_embedding(target)
-        if width != head.config.hidden_size:
-            raise OptionError(
-                f"{{name}} carries no embed_tokens and its width {head.config.hidden_size} differs from the target "
-                f"embedding's {width}: it was trained for another target",
-                name="assistant_model",
-            )
+        embedding, rows, _ = target_embedding(target)  # its width checked at planning (`check_head`)
         prepared.use_target_embedding(embedding, rows)
     return prepared
 

@@ -15,13 +15,14 @@ Every format is stored as small integers v per (row n, column k) in groups of G 
 | Q5_1   | 8           | 32 | 1  | q                | d        | m              |
 | Q5_K   | 8           | 32 | 8  | q                | d · sc_j | −dmin · m_j    |
 | Q8_0   | 8           | 32 | 1  | q                | d        | 0              |
-| Q6_K   | 8           | 16 | 16 | q − 32           | d · sc_j | 0              |
+| Q6_K   | 6           | 16 | 16 | q − 32           | d · sc_j | 0              |
 
 Nothing is rounded: the file's fp16 and 6/8-bit fields are kept as they are, so S and Z are exact in fp32 and
 S·v + Z rounded once is gguf's value. 4-bit codes cost half a byte a weight, 5-bit (Q5_0: the nibbles as 4-bit
-codes store them and a plane of fifth bits, 64 bytes a group of 16 rows x 32 columns) 0.625, 8-bit one byte
-(Q6_K: 1.2x its file size, Q5_1 / Q5_K: 1.5x, the rest 1.0-1.1x). `widened` gives a 5-bit weight the 8-bit
-layout (the same v and S: the same outputs bit for bit; the layout before LAYOUT_VERSION 2). Rows are padded
+codes store them and a plane of fifth bits, 64 bytes a group of 16 rows x 32 columns) 0.625, 6-bit (Q6_K: two
+16-column groups stored as one 32-column group of nibbles and a plane of high bit pairs, 128 bytes) 0.75, 8-bit
+one byte (Q5_1 / Q5_K: 1.5x their file size, the rest 1.0-1.1x). `widened` gives a 5- or 6-bit weight the 8-bit
+layout (the same v and S: the same outputs bit for bit; Q5_0's layout before LAYOUT_VERSION 2, Q6_K's before 3). Rows are padded
 to tiles of 16; the kernel's byte order is in the C++ source's header.
 
 `reference_linear` is the kernel's formula in plain PyTorch (the same integer sums, the same fp32 operations
@@ -40,9 +41,10 @@ from assisted_backends.native import extension
 from assisted_backends.quantized.gguf import _high_bits, _k_scale_min, _nibbles, require_gguf
 from assisted_backends.quantized.packing import round_up_to
 
-LAYOUT_VERSION = 2  # bump when the stored layout changes (it names cached weights); 2: Q5_0 in 5 bits
+LAYOUT_VERSION = 3  # bump when the stored layout changes (it names cached weights); 2: Q5_0 in 5 bits; 3: Q6_K in 6
 TILE = 16
 BLOCK = 32  # activation quantization block
+_UNIT_BYTES = {4: 256, 5: 320, 6: 384}  # bytes of a stored unit of 32 columns x 16 rows (8 bits: one group, G·16)
 BLOCK_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0", "Q6_K")
 
 
@@ -134,15 +136,18 @@ class BlockWeight:
         """The integers v [R, K] (int32) of rows `index` (all rows when None)."""
         index = torch.arange(self.out_features) if index is None else index.reshape(-1)
         tiles, lanes = index // TILE, index % TILE
-        codes = self.codes[tiles, :, :256] if self.bits == 5 else self.codes[tiles]  # 5 bits: the nibbles
-        per_group = codes.reshape(len(index), self.groups, -1, TILE, 4)  # [R, groups, chunks, lane, 4]
-        picked = per_group[torch.arange(len(index)), :, :, lanes]  # [R, groups, chunks, 4]
+        units = self.codes[tiles].reshape(len(index), -1, _UNIT_BYTES.get(self.bits, self.group * TILE))
+        codes = units if self.bits == 8 else units[:, :, :256]  # 5 and 6 bits: the nibbles, then a plane
+        per_unit = codes.reshape(len(index), codes.shape[1], -1, TILE, 4)  # [R, units, chunks, lane, 4]
+        picked = per_unit[torch.arange(len(index)), :, :, lanes]  # [R, units, chunks, 4]
         if self.bits == 8:
             return picked.reshape(len(index), self.in_features).to(torch.int32) - 128
-        halves = torch.stack([picked & 0x0F, picked >> 4], dim=2)  # [R, groups, 2, 4, 4]
+        halves = torch.stack([picked & 0x0F, picked >> 4], dim=2)  # [R, units, 2, 4, 4]
         values = halves.reshape(len(index), self.in_features).to(torch.int32)
         if self.bits == 5:
-            values = values | (_fifth_bits(self.codes[tiles, :, 256:], lanes) << 4)
+            values = values | (_fifth_bits(units[:, :, 256:], lanes) << 4)
+        if self.bits == 6:
+            values = values | (_high_pairs(units[:, :, 256:], lanes) << 4)
         return values - self.offset
 
     def scales_zeros(self, index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -192,7 +197,7 @@ def _negated(half: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class _Parts:
-    """One format's blocks decoded: stored codes [B, block] (4-bit q, or v + 128), fields per block."""
+    """One format's blocks decoded: stored codes [B, block] (q for 4-, 5- and 6-bit, v + 128 for 8), fields per block."""
 
     codes: torch.Tensor
     d: torch.Tensor  # fp16 [B, supers per block]
@@ -242,9 +247,9 @@ def _decode(kind: str, blocks: torch.Tensor) -> _Parts:
         low = blocks[:, :128].reshape(-1, 2, 64)
         low = torch.stack([low & 0x0F, low >> 4], dim=2).reshape(-1, 256)
         high = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
-        codes = low | ((high & 3).reshape(-1, 256) << 4)  # q ∈ [0, 63]; v = q − 32 stored as q + 96
+        codes = low | ((high & 3).reshape(-1, 256) << 4)  # q ∈ [0, 63]; v = q − 32
         sub_scales = blocks[:, 192:208].contiguous().view(torch.int8)
-        return _Parts(codes + 96, _f16(blocks, 208), None, sub_scales, None, 8, 16, 16, 0)
+        return _Parts(codes, _f16(blocks, 208), None, sub_scales, None, 6, 16, 16, 32)
     raise NotImplementedError(f"no block layout for {kind}")
 
 
@@ -263,6 +268,11 @@ def _tiled(per_row: torch.Tensor, rows: int) -> torch.Tensor:
     return padded.view(rows // TILE, TILE, -1).transpose(1, 2).contiguous()
 
 
+def _untiled(field: torch.Tensor, rows: int) -> torch.Tensor:
+    """`_tiled`'s inverse: [T, F, 16] -> the first `rows` rows [rows, F]."""
+    return field.transpose(1, 2).reshape(-1, field.shape[1])[:rows]
+
+
 def from_parts(codes: torch.Tensor, d, dmin, sc, mn, bits: int, group: int, sb: int, offset: int) -> BlockWeight:
     """Per-row stored codes [N, K] (uint8) and fields [N, supers] / [N, groups] -> the tiled `BlockWeight`."""
     n, k = codes.shape
@@ -270,14 +280,17 @@ def from_parts(codes: torch.Tensor, d, dmin, sc, mn, bits: int, group: int, sb: 
     groups = k // group
     padded = torch.zeros(rows, k, dtype=torch.uint8)
     padded[:n] = codes
+    units = groups // 2 if bits == 6 else groups  # 6 bits: a pair of 16-column groups stored as one of 32
     if bits == 8:
         tiled = padded.view(rows // TILE, TILE, groups, group // 4, 4).permute(0, 2, 3, 1, 4)
     else:
-        halves = (padded & 0x0F).view(rows // TILE, TILE, groups, 2, 4, 4)  # [T, lane, g, half, chunk, j]
+        halves = (padded & 0x0F).view(rows // TILE, TILE, units, 2, 4, 4)  # [T, lane, unit, half, chunk, j]
         tiled = (halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)).permute(0, 2, 3, 1, 4)
-    packed = tiled.reshape(rows // TILE, groups, -1)
+    packed = tiled.reshape(rows // TILE, units, -1)
     if bits == 5:
         packed = torch.cat([packed, _plane(padded, groups)], dim=2)
+    if bits == 6:
+        packed = torch.cat([packed, _pair_plane(padded, units)], dim=2).view(rows // TILE, groups, -1)
     packed = packed.contiguous()
     optional = lambda field: None if field is None else _tiled(field, rows)  # noqa: E731
     fields = (_tiled(d, rows), optional(dmin), optional(sc), optional(mn))
@@ -297,6 +310,23 @@ def _plane(padded: torch.Tensor, groups: int) -> torch.Tensor:
     return (bits * _BIT_WEIGHTS).sum(dim=-1).to(torch.uint8)
 
 
+def _pair_plane(padded: torch.Tensor, units: int) -> torch.Tensor:
+    """6-bit codes [rows, K] -> the plane of high bit pairs [T, units, 128]: byte 64·h + i (i = 4·lane + j) holds in
+    bits 2c, 2c + 1 bits 4-5 of q at column 16·h + 4·c + j of row `lane` (the nibbles' chunk c, half h)."""
+    rows = padded.shape[0]
+    high = ((padded >> 4) & 3).view(rows // TILE, TILE, units, 2, 4, 4).to(torch.int32)  # [T, lane, u, h, c, j]
+    shifted = high << (2 * torch.arange(4, dtype=torch.int32)).view(4, 1)
+    return shifted.sum(dim=4).permute(0, 2, 3, 1, 4).reshape(rows // TILE, units, 128).to(torch.uint8)
+
+
+def _high_pairs(plane: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    """Planes [R, units, 128] and each row's lane -> bits 4-5 of q [R, K] (int32), in column order."""
+    r, units = plane.shape[0], plane.shape[1]
+    picked = plane.reshape(r, units, 2, TILE, 4)[torch.arange(r), :, :, lanes].to(torch.int32)  # [R, u, h, j]
+    pairs = (picked[:, :, :, None, :] >> (2 * torch.arange(4, dtype=torch.int32)).view(4, 1)) & 3  # [R, u, h, c, j]
+    return pairs.reshape(r, units * 32)
+
+
 def _fifth_bits(plane: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
     """Planes [R, groups, 64] and each row's lane -> its fifth bits [R, K] (int32), in column order."""
     r, groups = plane.shape[0], plane.shape[1]
@@ -306,13 +336,14 @@ def _fifth_bits(plane: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
 
 
 def widened(weight: BlockWeight) -> BlockWeight:
-    """A 5-bit weight in the 8-bit layout (u = v + 128, offset 0): the same integers and scales, so the same
-    outputs bit for bit, at 1.06 bytes a weight (Q5_0's layout before LAYOUT_VERSION 2)."""
-    if weight.bits != 5:
-        raise ValueError(f"weight: widened takes a 5-bit weight, got {weight.bits}-bit; pass a Q5_0 BlockWeight")
+    """A 5- or 6-bit weight in the 8-bit layout (u = v + 128, offset 0): the same integers and scales, so the same
+    outputs bit for bit, at about one byte a weight (Q5_0's layout before LAYOUT_VERSION 2, Q6_K's before 3)."""
+    if weight.bits not in (5, 6):
+        raise ValueError(f"weight: widened takes a 5- or 6-bit weight, got {weight.bits}-bit; pass a Q5_0 or Q6_K "
+                         "BlockWeight")  # fmt: skip
     codes = (weight.values() + 128).to(torch.uint8)
-    d = weight.d.transpose(1, 2).reshape(-1, weight.d.shape[1])[: weight.out_features]
-    return from_parts(codes, d, None, None, None, 8, weight.group, weight.sb, 0)
+    d, sc = (None if field is None else _untiled(field, weight.out_features) for field in (weight.d, weight.sc))
+    return from_parts(codes, d, None, sc, None, 8, weight.group, weight.sb, 0)
 
 
 def from_gguf(kind: str, data: np.ndarray | torch.Tensor, shape: tuple[int, int],

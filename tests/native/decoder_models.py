@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from quantized_fixtures import QUANTIZABLE, random_blocks
 
 VOCAB = 384
-# matrix -> GGUF format: 4- and 8-bit codes, with and without zeros (gguf quantizes no K-quant itself)
+# matrix -> GGUF format: 4- and 8-bit codes, with and without zeros (a K-quant, which gguf cannot quantize, is
+# written as random blocks)
 FORMATS = {"attn_q": "Q5_1", "attn_k": "Q5_1", "attn_v": "Q5_1", "attn_output": "Q5_0", "ffn_gate": "Q4_0",
            "ffn_up": "Q4_0", "ffn_down": "Q8_0", "token_embd": "Q4_1", "output": "Q8_0"}  # fmt: skip
 
@@ -52,7 +54,10 @@ def write_tiny_llama(path: Path, seed: int = 0, layers: int = 2, hidden: int = 2
         if interleave:
             weight = _interleave_heads(weight, interleave)
         qtype = getattr(gguf.GGMLQuantizationType, FORMATS[kind])
-        data = quants.quantize(weight, qtype)
+        if FORMATS[kind] in QUANTIZABLE:
+            data = quants.quantize(weight, qtype)
+        else:  # a K-quant gguf cannot make: random blocks with sane scales
+            data = random_blocks(FORMATS[kind], rows, columns, seed=int(rng.integers(1 << 30)))
         writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
 
     def vector(name: str, size: int) -> None:

@@ -132,7 +132,7 @@ def test_tied_embedding_and_head_share_blocks(files):
 def test_every_format_goes_to_the_package_kernels(files):
     report = load_gguf_quantized(files["q4_k_m"], tokenizer=False).report
     assert report["model.layers.0.self_attn.q_proj"].startswith("Q4_K -> 4-bit blocks")
-    assert report["model.layers.0.mlp.down_proj"].startswith("Q6_K -> 8-bit blocks")
+    assert report["model.layers.0.mlp.down_proj"].startswith("Q6_K -> 6-bit blocks")
     assert report["model.embed_tokens"].startswith("Q8_0 -> 8-bit blocks")
     assert "rows reordered" in report["model.layers.0.self_attn.k_proj"]
 

@@ -18,12 +18,15 @@
 // fixed order, so neither M nor the thread count nor the hand-out changes a bit.
 //
 // Stored form (made by assisted_backends/quantized/blocks.py), N padded to tiles of 16 rows:
-//   codes  uint8 [T, groups, 256 | 320 | G·16]     per tile and group, chunks of 4 columns x 16 rows:
+//   codes  uint8 [T, groups, 256 | 320 | 192 | G·16]  per tile and group, chunks of 4 columns x 16 rows:
 //          byte c·64 + l·4 + j holds column 4c + j of row l (bits 8: u = v + 128; bits 4: the low
 //          nibble holds q of column 4c + j, the high nibble column 16 + 4c + j, v = q − offset; bits 5
 //          (Q5_0): those 256 bytes, then a 64-byte plane of fifth bits, eight little-endian 64-bit masks:
 //          bit i of mask c (byte 256 + 8c + i/8, bit i%8) is bit 4 of q in byte i of the nibbles' chunk c,
-//          c < 4 the low nibbles of bytes 64c.., c ≥ 4 the high nibbles of bytes 64(c−4)..; v = q − offset)
+//          c < 4 the low nibbles of bytes 64c.., c ≥ 4 the high nibbles of bytes 64(c−4)..; v = q − offset;
+//          bits 6 (Q6_K, G = 16): groups 2p and 2p + 1 stored together, 384 bytes: their nibbles as the 4-bit layout
+//          stores columns 0-15 and 16-31 of a group, then a 128-byte plane of high bits: byte 256 + 64h + i holds
+//          in bits 2c, 2c + 1 bits 4-5 of q in byte i of chunk c, h = 0 the low nibbles, h = 1 the high ones)
 //   d      fp16 [T, supers, 16]   scale of a super-block of `sb` groups       S = d · sc  (sc if given)
 //   dmin   fp16 [T, supers, 16]   optional                                    Z = dmin · mn (mn if given)
 //   sc, mn int8 [T, groups, 16]   optional per-group multipliers (K-quants)
@@ -113,16 +116,6 @@ float zero_of(const Weights& w, int64_t t, int64_t g, int lane) {
   return z;
 }
 
-int value_of(const Weights& w, const uint8_t* tile_group, int lane, int col) {
-  if (w.bits == 8) return int(tile_group[(col / 4) * 64 + lane * 4 + col % 4]) - 128;
-  const int high = col >= 16, c = col % 16;
-  const int i = lane * 4 + c % 4;  // the byte within its 64-byte chunk
-  const uint8_t byte = tile_group[(c / 4) * 64 + i];
-  int q = high ? byte >> 4 : byte & 0x0F;
-  if (w.bits == 5) q |= ((tile_group[256 + (high * 4 + c / 4) * 8 + i / 8] >> (i % 8)) & 1) << 4;
-  return q - w.offset;
-}
-
 void tile_scalar(const Weights& w, const Activations& a, int64_t t, int64_t m0, int64_t rows, float* y) {
   const int64_t blocks = a.k / kBlock;
   for (int64_t r = 0; r < rows; ++r) {
@@ -131,11 +124,12 @@ void tile_scalar(const Weights& w, const Activations& a, int64_t t, int64_t m0, 
       const int64_t n = t * kTile + lane;
       if (n >= w.n) break;
       float acc = 0.0f;
+      const uint8_t* tile = w.codes + t * w.groups * w.group_bytes();
       for (int64_t g = 0; g < w.groups; ++g) {
-        const uint8_t* tg = w.codes + (t * w.groups + g) * w.group_bytes();
         const int8_t* xq = a.q + m * a.k + g * w.group;
         int32_t isum = 0;
-        for (int col = 0; col < w.group; ++col) isum += value_of(w, tg, lane, col) * int32_t(xq[col]);
+        for (int col = 0; col < w.group; ++col)
+          isum += stored_value(tile, w.bits, w.group, w.offset, g, lane, col) * int32_t(xq[col]);
         const int64_t b = g * w.group / kBlock;
         acc = acc + (scale_of(w, t, g, lane) * a.dx[m * blocks + b]) * float(isum);
         if (w.dmin) acc = acc + zero_of(w, t, g, lane) * a.zx[m * blocks + b];
@@ -164,6 +158,7 @@ int kind_of(const Weights& w) {
   const bool sc = w.sc, zeros = w.dmin, mn = w.dmin && w.mn;
   const bool sb1 = w.sb == 1;
   if (w.bits == 5) return kQ5_0;  // weights_of admits only its shape
+  if (w.bits == 6) return kQ6_K6;  // the same
   if (w.bits == 4) {
     if (!sc && !zeros && w.offset != 0 && sb1) return kQ4_0;
     if (!sc && zeros && !mn && w.offset == 0 && sb1) return kQ4_1;
@@ -297,17 +292,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_activations(
 Weights weights_of(const at::Tensor& codes, const at::Tensor& d, const c10::optional<at::Tensor>& dmin,
                    const c10::optional<at::Tensor>& sc, const c10::optional<at::Tensor>& mn, int64_t n, int64_t k,
                    int64_t bits, int64_t group, int64_t sb, int64_t offset) {
-  TORCH_CHECK(bits == 4 || bits == 5 || bits == 8, "block kernels: bits must be 4, 5 or 8");
-  const bool extras = (dmin.has_value() && dmin->defined()) || (sc.has_value() && sc->defined()) ||
-                      (mn.has_value() && mn->defined());
-  TORCH_CHECK(bits != 5 || (group == 32 && sb == 1 && !extras),
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "block kernels: bits must be 4, 5, 6 or 8");
+  const bool has_dmin = dmin.has_value() && dmin->defined(), has_sc = sc.has_value() && sc->defined();
+  const bool has_mn = mn.has_value() && mn->defined();
+  TORCH_CHECK(bits != 5 || (group == 32 && sb == 1 && !has_dmin && !has_sc && !has_mn),
               "block kernels: 5-bit codes take Q5_0's shape only (group 32, sb 1, no dmin, sc or mn); "
               "store others in 8 bits");
-  TORCH_CHECK(group == 32 || (group == 16 && bits == 8), "block kernels: group must be 32 (or 16 with 8 bits)");
+  TORCH_CHECK(bits != 6 || (group == 16 && sb % 2 == 0 && has_sc && !has_dmin && !has_mn),
+              "block kernels: 6-bit codes take Q6_K's shape only (group 16, an even sb, sc, no dmin or mn); "
+              "store others in 8 bits");
+  TORCH_CHECK(group == 32 || (group == 16 && (bits == 8 || bits == 6)),
+              "block kernels: group must be 32 (or 16 with 6 or 8 bits)");
   TORCH_CHECK(bits != 8 || offset == 0, "block kernels: an 8-bit weight stores v + 128, offset must be 0");
   TORCH_CHECK(k % kBlock == 0 && k % (group * sb) == 0, "block kernels: K must be a multiple of 32 and of the super-block");
   const int64_t tiles = (n + kTile - 1) / kTile, groups = k / group, supers = groups / sb;
-  const int64_t group_bytes = bits == 4 ? 256 : bits == 5 ? 320 : group * kTile;
+  const int64_t group_bytes = group_bytes_of(int(bits), int(group));
   TORCH_CHECK(codes.is_contiguous() && codes.scalar_type() == at::kByte && codes.numel() == tiles * groups * group_bytes,
               "block kernels: codes has the wrong size or type");
   TORCH_CHECK(d.is_contiguous() && d.scalar_type() == at::kHalf && d.numel() == tiles * supers * kTile,

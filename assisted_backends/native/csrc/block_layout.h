@@ -12,6 +12,30 @@ constexpr int kTile = 16;   // output rows per tile
 constexpr int kBlock = 32;  // activation quantization block
 constexpr int kRowsPerPass = 8;
 
+// Bytes a group's codes take: bits 4, 256 bytes of nibbles; bits 5, the same 256 and a 64-byte plane of fifth bits;
+// bits 6 (16-column groups stored in pairs, 384 bytes a pair): 192; bits 8, G · 16.
+inline int64_t group_bytes_of(int bits, int group) {
+  return bits == 4 ? 256 : bits == 5 ? 320 : bits == 6 ? 192 : int64_t(group) * kTile;
+}
+
+// v of column `col` (< group) of group g, row `lane`, for a tile whose codes start at `tile` (the byte order in
+// block_kernels.cpp's header): the scalar path's and the native decoder's one reader of the stored codes.
+inline int stored_value(const uint8_t* tile, int bits, int group, int offset, int64_t g, int lane, int col) {
+  if (bits == 8) return int(tile[g * group * kTile + (col / 4) * 64 + lane * 4 + col % 4]) - 128;
+  int64_t unit = g;
+  if (bits == 6) {  // a pair of 16-column groups is stored as one 32-column group of nibbles and its plane
+    col += int(g & 1) * 16;
+    unit = g & ~int64_t(1);
+  }
+  const uint8_t* u = tile + unit * group_bytes_of(bits, group);
+  const int high = col >= 16, c = col % 16, i = lane * 4 + c % 4;  // i: the byte within its 64-byte chunk
+  const uint8_t byte = u[(c / 4) * 64 + i];
+  int q = high ? byte >> 4 : byte & 0x0F;
+  if (bits == 5) q |= ((u[256 + (high * 4 + c / 4) * 8 + i / 8] >> (i % 8)) & 1) << 4;
+  if (bits == 6) q |= ((u[256 + high * 64 + i] >> (2 * (c / 4))) & 3) << 4;
+  return q - offset;
+}
+
 struct Weights {
   const uint8_t* codes;
   const uint16_t* d;
@@ -21,8 +45,7 @@ struct Weights {
   int64_t n, k, groups, supers;
   int bits, group, sb, offset;
   int64_t prefetch;  // bytes ahead in the code stream
-  // bits 4: 256 bytes of nibbles a group; bits 5: the same 256 and a 64-byte plane of fifth bits; bits 8: G · 16.
-  int64_t group_bytes() const { return bits == 4 ? 256 : bits == 5 ? 320 : int64_t(group) * kTile; }
+  int64_t group_bytes() const { return group_bytes_of(bits, group); }
 };
 
 struct Activations {
@@ -35,16 +58,17 @@ struct Activations {
 };
 
 // A format's shape as the tile sees it at compile time (no branch on the format inside the loop):
-// BITS stored (4; 5: nibbles and a plane of fifth bits; 8), 16-column groups, per-group multiplier sc, zeros
+// BITS stored (4; 5: nibbles and a plane of fifth bits; 6: pairs of 16-column groups as nibbles and a plane of
+// two high bits; 8), 16-column groups, per-group multiplier sc, zeros
 // (dmin), per-group zero multiplier mn, and for 4- and 5-bit codes whether v = q − offset needs the offset
-// correction (a runtime value, e.g. 8 for Q4_0, 16 for Q5_0), and whether every super-block is one group
+// correction (a runtime value, e.g. 8 for Q4_0, 16 for Q5_0, 32 for Q6_K), and whether every super-block is one group
 // (sb = 1: one loop over the groups, the scale read with its group).
 template <int BITS_, bool G16_, bool SC_, bool MIN_, bool MN_, bool OFF_, bool SB1_ = false>
 struct Kind {
   static constexpr int BITS = BITS_;
   static constexpr bool G16 = G16_, SC = SC_, MIN = MIN_, MN = MN_, OFF = OFF_, SB1 = SB1_;
   static constexpr int G = G16_ ? 16 : 32;
-  static constexpr int64_t GROUP_BYTES = BITS_ == 4 ? 256 : BITS_ == 5 ? 320 : G * kTile;
+  static constexpr int64_t GROUP_BYTES = BITS_ == 4 ? 256 : BITS_ == 5 ? 320 : BITS_ == 6 ? 192 : G * kTile;
 };
 
 // The kinds, by index (kind_of in block_kernels.cpp picks one; a layout no real format makes runs on the
@@ -56,10 +80,11 @@ using KG4 = Kind<4, false, true, true, true, true>;
 using KQ8_0 = Kind<8, false, false, false, false, false, true>;  // Q8_0 (and Q5_0 widened to bytes)
 using KQ5_1 = Kind<8, false, false, true, false, false, true>;
 using KG8 = Kind<8, false, true, true, true, false>;  // Q5_K, and the general 8-bit kind
-using KQ6_K = Kind<8, true, true, false, false, false>;
+using KQ6_K = Kind<8, true, true, false, false, false>;  // Q6_K widened to bytes
 using KG8_16 = Kind<8, true, true, true, true, false>;
 using KQ5_0 = Kind<5, false, false, false, false, true, true>;  // the only 5-bit kind
-enum KindIndex : int { kQ4_0, kQ4_1, kQ4_K, kG4, kQ8_0, kQ5_1, kG8, kQ6_K, kG8_16, kQ5_0, kKinds };
+using KQ6_K6 = Kind<6, true, true, false, false, true>;         // the only 6-bit kind (its own tile: pair_tile)
+enum KindIndex : int { kQ4_0, kQ4_1, kQ4_K, kG4, kQ8_0, kQ5_1, kG8, kQ6_K, kG8_16, kQ5_0, kQ6_K6, kKinds };
 
 using TileFn = void (*)(const Weights&, const Activations&, int64_t t, int64_t m0, float* y);
 
@@ -83,7 +108,7 @@ void quantize_blocks_avx2(const float* x, int64_t k, int64_t begin, int64_t end,
     default: return FN<KIND, 8>;                              \
   }
 
-#define AB_KIND_TABLE(FN)                                     \
+#define AB_KIND_TABLE(FN, PAIR_FN)                            \
   switch (kind) {                                             \
     case kQ4_0: AB_ROW_TABLE(KQ4_0, FN)                       \
     case kQ4_1: AB_ROW_TABLE(KQ4_1, FN)                       \
@@ -94,6 +119,7 @@ void quantize_blocks_avx2(const float* x, int64_t k, int64_t begin, int64_t end,
     case kG8: AB_ROW_TABLE(KG8, FN)                           \
     case kQ6_K: AB_ROW_TABLE(KQ6_K, FN)                       \
     case kQ5_0: AB_ROW_TABLE(KQ5_0, FN)                       \
+    case kQ6_K6: AB_ROW_TABLE(KQ6_K6, PAIR_FN)                \
     default: AB_ROW_TABLE(KG8_16, FN)                         \
   }
 

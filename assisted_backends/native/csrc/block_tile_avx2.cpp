@@ -34,13 +34,15 @@ constexpr bool kVnni = true;
 }  // namespace avxvnni_tiles
 
 TileFn pick_avx2(int kind, int rows) {
+  using avx2_tiles::pair_tile;
   using avx2_tiles::tile;
-  AB_KIND_TABLE(tile)
+  AB_KIND_TABLE(tile, pair_tile)
 }
 
 TileFn pick_avxvnni(int kind, int rows) {
+  using avxvnni_tiles::pair_tile;
   using avxvnni_tiles::tile;
-  AB_KIND_TABLE(tile)
+  AB_KIND_TABLE(tile, pair_tile)
 }
 
 // ---- activation quantization, 32 columns a block, 4 registers -------------------------------------------------

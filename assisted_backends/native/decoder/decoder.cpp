@@ -24,6 +24,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <immintrin.h>
 
+#include "../csrc/block_layout.h"
 #include "attention.h"
 
 #include <algorithm>
@@ -57,8 +58,7 @@ struct Linear {
   // Row `row` of W in fp32: S·v + Z computed in double and rounded once (BlockWeight.rows' values).
   void dequantize_row(int64_t row, float* out) const {
     const int64_t t = row / kTile, lane = row % kTile, groups = k / group, supers = groups / sb;
-    const int64_t group_bytes = bits == 4 ? 256 : bits == 5 ? 320 : group * kTile;
-    const uint8_t* cp = codes.data_ptr<uint8_t>();
+    const uint8_t* tile = codes.data_ptr<uint8_t>() + t * groups * ab_blocks::group_bytes_of(int(bits), int(group));
     const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
     const uint16_t* mp = dmin ? reinterpret_cast<const uint16_t*>(dmin->data_ptr<at::Half>()) : nullptr;
     const int8_t* scp = sc ? sc->data_ptr<int8_t>() : nullptr;
@@ -71,18 +71,8 @@ struct Linear {
         z = half_to_float(mp[(t * supers + g / sb) * kTile + lane]);
         if (mnp) z = z * float(mnp[(t * groups + g) * kTile + lane]);
       }
-      const uint8_t* tg = cp + (t * groups + g) * group_bytes;
       for (int64_t col = 0; col < group; ++col) {
-        int v;
-        if (bits == 8) {
-          v = int(tg[(col / 4) * 64 + lane * 4 + col % 4]) - 128;
-        } else {
-          const int64_t c = col % 16, high = col >= 16, i = lane * 4 + c % 4;
-          const uint8_t byte = tg[(c / 4) * 64 + i];
-          int q = high ? byte >> 4 : byte & 0x0F;
-          if (bits == 5) q |= ((tg[256 + (high * 4 + c / 4) * 8 + i / 8] >> (i % 8)) & 1) << 4;  // Q5_0's plane
-          v = q - int(offset);
-        }
+        const int v = ab_blocks::stored_value(tile, int(bits), int(group), int(offset), g, int(lane), int(col));
         double w = double(v) * double(s);
         if (mp) w = w + double(z);
         out[g * group + col] = float(w);

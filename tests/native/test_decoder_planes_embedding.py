@@ -1,5 +1,6 @@
-"""A Q5_0 token table in 5 bits (`quantized.blocks`): the native decoder reads its rows itself
-(`Linear::dequantize_row` in decoder.cpp) and they are the Python table's rows (gguf's values) bit for bit."""
+"""Token tables with bit planes (`quantized.blocks`: Q5_0 in 5 bits, Q6_K in 6): the native decoder reads their rows
+itself (`Linear::dequantize_row` in decoder.cpp, the kernels' `stored_value`) and they are the Python table's rows
+(gguf's values) bit for bit."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_the_native_decoder_reads_a_five_bit_token_table_as_python_does(tmp_path, monkeypatch):
-    monkeypatch.setitem(decoder_models.FORMATS, "token_embd", "Q5_0")
+@pytest.mark.parametrize(("kind", "bits"), [("Q5_0", 5), ("Q6_K", 6)])
+def test_the_native_decoder_reads_a_token_table_with_planes_as_python_does(tmp_path, monkeypatch, kind, bits):
+    monkeypatch.setitem(decoder_models.FORMATS, "token_embd", kind)
     reference, native = decoder_models.tiny_llama(str(tmp_path))
     embedding = reference.get_input_embeddings()
-    assert embedding.block_meta["bits"] == 5  # the table is stored in 5 bits
+    assert embedding.block_meta["bits"] == bits  # the table is stored with its planes
     assert native._embed is None  # and the native code reads its rows, not the Python module
     tokens = decoder_models.prompt(12, 3, batch=2)
     with torch.inference_mode(), native.capturing_hidden_states([0]) as captured:

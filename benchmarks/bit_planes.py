@@ -1,5 +1,6 @@
-"""Q5_0 in 5 bits and Q6_K in 6 (nibbles and a plane of high bits) against the 8-bit widened layout they had
-before, on one big layer, interleaved: the same outputs bit for bit (checked here too), fewer bytes streamed a step.
+"""Q5_0, Q5_1, Q5_K in 5 bits and Q6_K in 6 (nibbles and a plane of high bits) against the 8-bit widened layout
+they had before, on one big layer, interleaved: the same outputs bit for bit (checked here too), fewer bytes
+streamed a step.
 
     python -m benchmarks.bit_planes                                  # Q5_0, 65536 x 1536, M = 1 and 8, 1 and 2 threads
     python -m benchmarks.bit_planes --format Q6_K --shape 65536 1536
@@ -29,7 +30,7 @@ def _load() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--format", choices=("Q5_0", "Q6_K"), default="Q5_0")
+    parser.add_argument("--format", choices=("Q5_0", "Q5_1", "Q5_K", "Q6_K"), default="Q5_0")
     parser.add_argument("--shape", nargs=2, type=int, default=[65536, 1536], metavar=("N", "K"))
     parser.add_argument("--rows", nargs="*", type=int, default=[1, 8])
     parser.add_argument("--threads", nargs="*", type=int, default=[1, 2])

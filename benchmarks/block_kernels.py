@@ -20,9 +20,9 @@ bandwidth too: on a machine shared with other work, the time the scheduler gave 
 left out, so the fractions stay readable where wall-clock ones do not (memory traffic of the neighbours still
 counts).
 
-`--decode`: whole models instead of layers. For each size and `--quants` (Q4_0, or the Q4_K_M-like mix), the random
-file of `benchmarks.gguf_scaling` (written on first use), and each real model of `--models`, decoded greedily by
-this package (`--new-tokens` tokens after a one-token prompt, EOS ignored; a 128-token prompt's prefill) and by
+`--decode`: whole models instead of layers. For each size and `--quants` (Q4_0, or the Q4_K_M- and Q5_K_M-like
+mixes), the random file of `benchmarks.gguf_scaling` (written on first use), and each real model of `--models`,
+decoded greedily by this package (`--new-tokens` tokens after a one-token prompt, EOS ignored; a 128-token prompt's prefill) and by
 llama.cpp's `llama-bench` (tg`--new-tokens` from an empty context and pp128, one repetition a run; built by
 `benchmarks.harness.llama_cpp_tools`), alternated `--repeats` times per thread count; medians, the ratios, this
 package's 5- and 8-row verify passes in one-token steps, its load time, and two threads over one for each engine.
@@ -47,8 +47,8 @@ from benchmarks.harness.memory import read_bandwidth_gbs
 
 ROWS = (1, 2, 4, 5, 8, 16)
 PREFILL = 128  # --decode: prompt tokens of the prefill comparison (llama-bench pp128)
-_BLOCK = {"Q4_0": (32, 18, (0,)), "Q5_0": (32, 22, (0,)), "Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)),
-          "Q6_K": (256, 210, (208,))}  # fmt: skip
+_BLOCK = {"Q4_0": (32, 18, (0,)), "Q5_0": (32, 22, (0,)), "Q5_1": (32, 24, (0, 2)), "Q8_0": (32, 34, (0,)),
+          "Q4_K": (256, 144, (0, 2)), "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,))}  # fmt: skip
 
 
 def layer_shapes(size: str) -> list[tuple[int, int]]:

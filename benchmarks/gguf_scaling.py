@@ -4,6 +4,7 @@
     python -m benchmarks.gguf_scaling --sizes 0.5B --quants Q4_0 --threads 1 --new-tokens 8 --repeats 1   # smoke
     python -m benchmarks.gguf_scaling --quants Q4_K      # the K-quant files (0.5B's 896-wide rows fall back to Q5_0)
     python -m benchmarks.gguf_scaling --quants Q4_K_M    # llama-quantize's Q4_K_M mix: Q6_K for some v / down / head
+    python -m benchmarks.gguf_scaling --quants Q5_K_M    # the same with Q5_K (Q5_1 where columns % 256 != 0)
 
 Speed does not depend on the weights' values, so each file holds random blocks in the shapes of a
 Llama-family model (0.5B: Qwen2.5-0.5B's, 1.5B: Qwen2.5-1.5B's, 3B: Llama 3.2 3B's, 7B: Llama 2 7B's), written
@@ -53,7 +54,7 @@ SHAPES = {
     "7B": Shape(4096, 11008, 32, 32, 32, 32000, False),
 }
 BLOCK_BYTES = {"Q4_0": 18, "Q8_0": 34}  # per 32 weights: an fp16 scale, then 16 bytes of nibbles / 32 int8
-QUANTS = ("Q4_0", "Q8_0", "Q4_K", "Q4_K_M")
+QUANTS = ("Q4_0", "Q8_0", "Q4_K", "Q4_K_M", "Q5_K_M")
 # (weights per block, bytes per block, the fp16 values at its start). Q4_K: d, dmin, 12 bytes of 6-bit scales and
 # mins (any bytes are valid), 128 bytes of nibbles; w = d·sc_j·q − dmin·m_j, centred near 0 by dmin ≈ 7.5·d.
 # Q5_0 (d, 4 bytes of fifth bits, 16 of nibbles) is what llama-quantize gives a Q4_K file's tensors whose rows
@@ -63,22 +64,24 @@ _LAYOUT = {
     "Q8_0": (32, 34, (0.01,)),
     "Q5_0": (32, 22, (0.005,)),
     "Q4_K": (256, 144, (2e-4, 1.5e-3)),
+    "Q5_K": (256, 176, (1e-4, 1.5e-3)),  # as Q4_K, then 32 bytes of fifth bits before the nibbles: dmin ≈ 15·d
+    "Q5_1": (32, 24, (0.005, -0.08)),  # d, m, 4 bytes of fifth bits, 16 of nibbles: m ≈ −16·d
     "Q6_K": (256, 210, ()),  # ql, qh, 16 int8 sub-scales (any bytes are valid), then d (fp16) at byte 208
 }
-_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}  # llama-quantize's choice when the columns do not divide into 256
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # llama-quantize's, where columns % 256 != 0
 _Q6_K_D = 1e-4
 
 
 def tensor_kind(quant: str, name: str, layer: int, layers: int) -> str:
-    """The block kind of one matrix: `quant` itself, except in the "Q4_K_M" mix, which follows llama-quantize's
-    Q4_K_M recipe in outline: Q6_K for the output head (the embedding when tied) and for attn_v and ffn_down in
-    the first and last eighth of the layers and every third layer between, Q4_K elsewhere."""
-    if quant != "Q4_K_M":
+    """The block kind of one matrix: `quant` itself, except in the "Q4_K_M" and "Q5_K_M" mixes, which follow
+    llama-quantize's recipes in outline: Q6_K for the output head (the embedding when tied) and for attn_v and
+    ffn_down in the first and last eighth of the layers and every third layer between, Q4_K (Q5_K) elsewhere."""
+    if quant not in ("Q4_K_M", "Q5_K_M"):
         return quant
     if name in ("output", "token_embd_tied"):
         return "Q6_K"
     more_bits = layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
-    return "Q6_K" if name in ("attn_v", "ffn_down") and more_bits else "Q4_K"
+    return "Q6_K" if name in ("attn_v", "ffn_down") and more_bits else quant[:4]
 
 
 def _block_kind(quant: str, columns: int) -> str:
@@ -100,8 +103,8 @@ def _random_blocks(rows: int, columns: int, quant: str, rng: np.random.Generator
 
 def write_random_gguf(size: str, quant: str, path: Path, seed: int = 0) -> Path:
     """A Llama-architecture GGUF file of shape SHAPES[size], every matrix `quant` blocks of random codes (Q4_K:
-    matrices whose rows are not a multiple of 256 long in Q5_0, as llama-quantize writes them; "Q4_K_M": the mix of
-    `tensor_kind`)."""
+    matrices whose rows are not a multiple of 256 long in Q5_0, as llama-quantize writes them; "Q4_K_M" and
+    "Q5_K_M": the mixes of `tensor_kind`)."""
     import gguf
 
     shape, rng = SHAPES[size], np.random.default_rng(seed)

@@ -12,17 +12,17 @@ Every format is stored as small integers v per (row n, column k) in groups of G 
 | Q4_1   | 4           | 32 | 1  | q                | d        | m              |
 | Q4_K   | 4           | 32 | 8  | q                | d · sc_j | −dmin · m_j    |
 | Q5_0   | 5           | 32 | 1  | q − 16           | d        | 0              |
-| Q5_1   | 8           | 32 | 1  | q                | d        | m              |
-| Q5_K   | 8           | 32 | 8  | q                | d · sc_j | −dmin · m_j    |
+| Q5_1   | 5           | 32 | 1  | q                | d        | m              |
+| Q5_K   | 5           | 32 | 8  | q                | d · sc_j | −dmin · m_j    |
 | Q8_0   | 8           | 32 | 1  | q                | d        | 0              |
 | Q6_K   | 6           | 16 | 16 | q − 32           | d · sc_j | 0              |
 
 Nothing is rounded: the file's fp16 and 6/8-bit fields are kept as they are, so S and Z are exact in fp32 and
-S·v + Z rounded once is gguf's value. 4-bit codes cost half a byte a weight, 5-bit (Q5_0: the nibbles as 4-bit
-codes store them and a plane of fifth bits, 64 bytes a group of 16 rows x 32 columns) 0.625, 6-bit (Q6_K: two
-16-column groups stored as one 32-column group of nibbles and a plane of high bit pairs, 128 bytes) 0.75, 8-bit
-one byte (Q5_1 / Q5_K: 1.5x their file size, the rest 1.0-1.1x). `widened` gives a 5- or 6-bit weight the 8-bit
-layout (the same v and S: the same outputs bit for bit; Q5_0's layout before LAYOUT_VERSION 2, Q6_K's before 3). Rows are padded
+S·v + Z rounded once is gguf's value. 4-bit codes cost half a byte a weight, 5-bit (Q5_0, Q5_1, Q5_K: the nibbles
+as 4-bit codes store them and a plane of fifth bits, 64 bytes a group of 16 rows x 32 columns) 0.625, 6-bit (Q6_K:
+two 16-column groups stored as one 32-column group of nibbles and a plane of high bit pairs, 128 bytes) 0.75, 8-bit
+(Q8_0) one byte: every format about its file's size. `widened` gives a 5- or 6-bit weight the 8-bit layout (the
+same v, S and Z: the same outputs bit for bit; the layout before LAYOUT_VERSION 2 (Q5_0), 3 (Q6_K), 4 (Q5_1, Q5_K)). Rows are padded
 to tiles of 16; the kernel's byte order is in the C++ source's header.
 
 `reference_linear` is the kernel's formula in plain PyTorch (the same integer sums, the same fp32 operations
@@ -41,7 +41,8 @@ from assisted_backends.native import extension
 from assisted_backends.quantized.gguf import _high_bits, _k_scale_min, _nibbles, require_gguf
 from assisted_backends.quantized.packing import round_up_to
 
-LAYOUT_VERSION = 3  # bump when the stored layout changes (it names cached weights); 2: Q5_0 in 5 bits; 3: Q6_K in 6
+LAYOUT_VERSION = 4  # bump when the stored layout changes (it names cached weights); 2: Q5_0 in 5 bits; 3: Q6_K in 6;
+# 4: Q5_1 and Q5_K in 5
 TILE = 16
 BLOCK = 32  # activation quantization block
 _UNIT_BYTES = {4: 256, 5: 320, 6: 384}  # bytes of a stored unit of 32 columns x 16 rows (8 bits: one group, G·16)
@@ -234,12 +235,11 @@ def _decode(kind: str, blocks: torch.Tensor) -> _Parts:
             return _Parts(codes, _f16(blocks, 0), dmin, sc.to(torch.int8), mn.to(torch.int8), 4, 32, 8, 0)
         high = (blocks[:, 16:48][:, None, :] >> torch.arange(8, dtype=torch.uint8)[None, :, None]) & 1
         codes = codes | (high.reshape(-1, 256) << 4)
-        return _Parts(codes + 128, _f16(blocks, 0), dmin, sc.to(torch.int8), mn.to(torch.int8), 8, 32, 8, 0)
+        return _Parts(codes, _f16(blocks, 0), dmin, sc.to(torch.int8), mn.to(torch.int8), 5, 32, 8, 0)
     if kind == "Q5_0":
         return _Parts(_five_bit_codes(blocks, 2), _f16(blocks, 0), None, None, None, 5, 32, 1, 16)
     if kind == "Q5_1":
-        codes = _five_bit_codes(blocks, 4)
-        return _Parts(codes + 128, _f16(blocks, 0), _f16(blocks, 2), None, None, 8, 32, 1, 0)
+        return _Parts(_five_bit_codes(blocks, 4), _f16(blocks, 0), _f16(blocks, 2), None, None, 5, 32, 1, 0)
     if kind == "Q8_0":
         values = blocks[:, 2:].contiguous().view(torch.int8)
         return _Parts(_as_stored_bytes(values), _f16(blocks, 0), None, None, None, 8, 32, 1, 0)
@@ -336,14 +336,15 @@ def _fifth_bits(plane: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
 
 
 def widened(weight: BlockWeight) -> BlockWeight:
-    """A 5- or 6-bit weight in the 8-bit layout (u = v + 128, offset 0): the same integers and scales, so the same
-    outputs bit for bit, at about one byte a weight (Q5_0's layout before LAYOUT_VERSION 2, Q6_K's before 3)."""
+    """A 5- or 6-bit weight in the 8-bit layout (u = v + 128, offset 0): the same integers, scales and zeros, so the
+    same outputs bit for bit, at about one byte a weight (the layout before the planes)."""
     if weight.bits not in (5, 6):
         raise ValueError(f"weight: widened takes a 5- or 6-bit weight, got {weight.bits}-bit; pass a Q5_0 or Q6_K "
                          "BlockWeight")  # fmt: skip
     codes = (weight.values() + 128).to(torch.uint8)
-    d, sc = (None if field is None else _untiled(field, weight.out_features) for field in (weight.d, weight.sc))
-    return from_parts(codes, d, None, sc, None, 8, weight.group, weight.sb, 0)
+    fields = (weight.d, weight.dmin, weight.sc, weight.mn)
+    d, dmin, sc, mn = (None if field is None else _untiled(field, weight.out_features) for field in fields)
+    return from_parts(codes, d, dmin, sc, mn, 8, weight.group, weight.sb, 0)
 
 
 def from_gguf(kind: str, data: np.ndarray | torch.Tensor, shape: tuple[int, int],

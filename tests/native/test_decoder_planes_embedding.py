@@ -1,6 +1,6 @@
-"""Token tables with bit planes (`quantized.blocks`: Q5_0 in 5 bits, Q6_K in 6): the native decoder reads their rows
-itself (`Linear::dequantize_row` in decoder.cpp, the kernels' `stored_value`) and they are the Python table's rows
-(gguf's values) bit for bit."""
+"""Token tables with bit planes (`quantized.blocks`: Q5_0 and Q5_K in 5 bits, Q6_K in 6): the native decoder reads
+their rows itself (`Linear::dequantize_row` in decoder.cpp, the kernels' `stored_value`) and they are the Python
+table's rows (gguf's values) bit for bit."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize(("kind", "bits"), [("Q5_0", 5), ("Q6_K", 6)])
+@pytest.mark.parametrize(("kind", "bits"), [("Q5_0", 5), ("Q5_K", 5), ("Q6_K", 6)])
 def test_the_native_decoder_reads_a_token_table_with_planes_as_python_does(tmp_path, monkeypatch, kind, bits):
     monkeypatch.setitem(decoder_models.FORMATS, "token_embd", kind)
     reference, native = decoder_models.tiny_llama(str(tmp_path))

@@ -1,8 +1,8 @@
-"""Q5_0 in 5 bits and Q6_K in 6 (`blocks`: the nibbles as 4-bit codes store them and a plane of high bits): the same
-integers, scales and fp32 operations as the old 8-bit widened layout (`blocks.widened`), so every output is the
-same bits, on every instruction-set path this CPU runs, for M = 1..16 and 1 or 2 threads; the reading back (values,
-rows) agrees with gguf's dequantization; the cache names the new layout. (The native decoder's reading of such a
-token table: tests/native/test_decoder_planes_embedding.py.)"""
+"""Q5_0, Q5_1 and Q5_K in 5 bits and Q6_K in 6 (`blocks`: the nibbles as 4-bit codes store them and a plane of high
+bits): the same integers, scales and fp32 operations as the old 8-bit widened layout (`blocks.widened`), so every
+output is the same bits, on every instruction-set path this CPU runs, for M = 1..16 and 1 or 2 threads; the reading
+back (values, rows) agrees with gguf's dequantization; the cache names the new layout. (The native decoder's reading
+of such a token table: tests/native/test_decoder_planes_embedding.py.)"""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ ISAS = extension.ISA_NAMES
 needs_kernels = pytest.mark.skipif(not extension.available(), reason=extension.status().reason or "no kernels")
 
 
-PLANES = ("Q5_0", "Q6_K")
+PLANES = ("Q5_0", "Q5_1", "Q5_K", "Q6_K")
 # format -> (bits, offset, group, sb, bytes a 16-row tile stores per group; the widened layout's)
-SHAPES = {"Q5_0": (5, 16, 32, 1, 320, 512), "Q6_K": (6, 32, 16, 16, 192, 256)}
+SHAPES = {"Q5_0": (5, 16, 32, 1, 320, 512), "Q5_1": (5, 0, 32, 1, 320, 512), "Q5_K": (5, 0, 32, 8, 320, 512),
+          "Q6_K": (6, 32, 16, 16, 192, 256)}  # fmt: skip
 
 
 def _weight(kind: str, n: int, k: int, seed: int = 0) -> tuple[blocks.BlockWeight, object]:
@@ -50,7 +51,7 @@ def test_stored_with_planes_and_read_back_as_gguf_values(kind):
     n, k = 37, 512  # a partial tile
     weight, raw = _weight(kind, n, k, seed=1)
     assert (weight.bits, weight.offset, weight.group, weight.sb) == (bits, offset, group, sb)
-    assert weight.codes.shape == (3, k // group, group_bytes) and weight.dmin is None
+    assert weight.codes.shape == (3, k // group, group_bytes)
     assert weight.codes.nbytes / (48 * k) == bits / 8  # the widened layout: 8 bits a weight
     dense = gguf.dequantize_reference(kind, raw, (n, k))
     assert torch.equal(weight.rows(torch.arange(n)), dense)
@@ -58,8 +59,8 @@ def test_stored_with_planes_and_read_back_as_gguf_values(kind):
     assert old.bits == 8 and old.codes.shape == (3, k // group, widened_bytes)
     assert torch.equal(old.values(), weight.values())
     assert torch.equal(weight.values(torch.tensor([36, 0, 17])), old.values(torch.tensor([36, 0, 17])))
-    assert int(weight.values().min()) >= -offset and int(weight.values().max()) < offset
-    assert int(weight.values().min()) == -offset and int(weight.values().max()) == offset - 1  # every bit is read
+    values = weight.values()
+    assert int(values.min()) == -offset and int(values.max()) == (1 << bits) - 1 - offset  # every bit is read
 
 
 def test_widened_refuses_a_weight_without_planes():
@@ -99,7 +100,7 @@ def test_the_pair_plane_holds_bits_2c_of_byte_i_of_half_h():
 @needs_kernels
 @pytest.mark.parametrize(
     ("kind", "message"),
-    [("Q5_0", "5-bit codes take Q5_0's shape only"), ("Q6_K", "6-bit codes take Q6_K's shape only")],
+    [("Q5_0", "5-bit codes take the shapes of Q5_0, Q5_1 or Q5_K only"), ("Q6_K", "6-bit codes take Q6_K's shape only")],
 )
 def test_a_weight_with_planes_of_another_shape_is_a_one_line_error(kind, message):
     weight, _ = _weight(kind, 16, 256)
@@ -162,7 +163,7 @@ def test_the_cache_names_the_layout_with_planes():
 
     from assisted_backends.quantized import model
 
-    assert blocks.LAYOUT_VERSION >= 3  # 1 and 2 stored Q5_0 / Q6_K widened: such an entry must not load with planes
+    assert blocks.LAYOUT_VERSION >= 4  # 1-3 stored Q5_0 / Q6_K / Q5_1, Q5_K widened: such entries must not load
     if model._uses_blocks(torch.bfloat16):
         name = model._weights_file(Path("/x"), "file", 32, torch.bfloat16, ()).name
-        assert f"blocks{blocks.LAYOUT_VERSION}" in name and "blocks2" not in name
+        assert f"blocks{blocks.LAYOUT_VERSION}" in name and "blocks3" not in name

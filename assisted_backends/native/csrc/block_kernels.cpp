@@ -21,7 +21,7 @@
 //   codes  uint8 [T, groups, 256 | 320 | 192 | G·16]  per tile and group, chunks of 4 columns x 16 rows:
 //          byte c·64 + l·4 + j holds column 4c + j of row l (bits 8: u = v + 128; bits 4: the low
 //          nibble holds q of column 4c + j, the high nibble column 16 + 4c + j, v = q − offset; bits 5
-//          (Q5_0): those 256 bytes, then a 64-byte plane of fifth bits, eight little-endian 64-bit masks:
+//          (Q5_0, Q5_1, Q5_K): those 256 bytes, then a 64-byte plane of fifth bits, eight little-endian 64-bit masks:
 //          bit i of mask c (byte 256 + 8c + i/8, bit i%8) is bit 4 of q in byte i of the nibbles' chunk c,
 //          c < 4 the low nibbles of bytes 64c.., c ≥ 4 the high nibbles of bytes 64(c−4)..; v = q − offset;
 //          bits 6 (Q6_K, G = 16): groups 2p and 2p + 1 stored together, 384 bytes: their nibbles as the 4-bit layout
@@ -157,17 +157,17 @@ int64_t checked_isa(int64_t isa) {
 int kind_of(const Weights& w) {
   const bool sc = w.sc, zeros = w.dmin, mn = w.dmin && w.mn;
   const bool sb1 = w.sb == 1;
-  if (w.bits == 5) return kQ5_0;  // weights_of admits only its shape
-  if (w.bits == 6) return kQ6_K6;  // the same
+  if (w.bits == 5) return !zeros ? kQ5_0 : sc ? kQ5_K : kQ5_1;  // weights_of admits only these shapes
+  if (w.bits == 6) return kQ6_K;                                 // and this one
   if (w.bits == 4) {
     if (!sc && !zeros && w.offset != 0 && sb1) return kQ4_0;
     if (!sc && zeros && !mn && w.offset == 0 && sb1) return kQ4_1;
     if (sc && zeros && mn && w.offset == 0) return kQ4_K;
     return kG4;
   }
-  if (w.group == 16) return sc && !zeros ? kQ6_K : kG8_16;
+  if (w.group == 16) return sc && !zeros ? k8G16 : kG8_16;
   if (!sc && !zeros && sb1) return kQ8_0;
-  if (!sc && zeros && !mn && sb1) return kQ5_1;
+  if (!sc && zeros && !mn && sb1) return k8Min;
   return kG8;
 }
 
@@ -295,9 +295,11 @@ Weights weights_of(const at::Tensor& codes, const at::Tensor& d, const c10::opti
   TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "block kernels: bits must be 4, 5, 6 or 8");
   const bool has_dmin = dmin.has_value() && dmin->defined(), has_sc = sc.has_value() && sc->defined();
   const bool has_mn = mn.has_value() && mn->defined();
-  TORCH_CHECK(bits != 5 || (group == 32 && sb == 1 && !has_dmin && !has_sc && !has_mn),
-              "block kernels: 5-bit codes take Q5_0's shape only (group 32, sb 1, no dmin, sc or mn); "
-              "store others in 8 bits");
+  const bool q5_0 = sb == 1 && !has_dmin && !has_sc && !has_mn, q5_1 = sb == 1 && has_dmin && !has_sc && !has_mn;
+  const bool q5_k = has_dmin && has_sc && has_mn;
+  TORCH_CHECK(bits != 5 || (group == 32 && (q5_0 || ((q5_1 || q5_k) && offset == 0))),
+              "block kernels: 5-bit codes take the shapes of Q5_0, Q5_1 or Q5_K only (group 32; sb 1 without sc "
+              "or mn, with dmin for Q5_1; or sc, dmin and mn; offset 0 with zeros); store others in 8 bits");
   TORCH_CHECK(bits != 6 || (group == 16 && sb % 2 == 0 && has_sc && !has_dmin && !has_mn),
               "block kernels: 6-bit codes take Q6_K's shape only (group 16, an even sb, sc, no dmin or mn); "
               "store others in 8 bits");

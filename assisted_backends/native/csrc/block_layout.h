@@ -71,20 +71,24 @@ struct Kind {
   static constexpr int64_t GROUP_BYTES = BITS_ == 4 ? 256 : BITS_ == 5 ? 320 : BITS_ == 6 ? 192 : G * kTile;
 };
 
-// The kinds, by index (kind_of in block_kernels.cpp picks one; a layout no real format makes runs on the
-// general kind of its bits and group, with absent fields filled by neutral ones: multiplier 1, zero 0).
+// The kinds, by index (kind_of in block_kernels.cpp picks one). A kind named after a format is that format's
+// layout; the other 8-bit kinds hold the 5- and 6-bit formats widened (`blocks.widened`, what their planes are
+// checked against) and layouts no file makes, which run on the general kind of their bits and group with absent
+// fields filled by neutral ones (multiplier 1, zero 0).
 using KQ4_0 = Kind<4, false, false, false, false, true, true>;
 using KQ4_1 = Kind<4, false, false, true, false, false, true>;
 using KQ4_K = Kind<4, false, true, true, true, false>;
 using KG4 = Kind<4, false, true, true, true, true>;
-using KQ8_0 = Kind<8, false, false, false, false, false, true>;  // Q8_0 (and Q5_0 widened to bytes)
-using KQ5_1 = Kind<8, false, false, true, false, false, true>;
-using KG8 = Kind<8, false, true, true, true, false>;  // Q5_K, and the general 8-bit kind
-using KQ6_K = Kind<8, true, true, false, false, false>;  // Q6_K widened to bytes
+using KQ5_0 = Kind<5, false, false, false, false, true, true>;
+using KQ5_1 = Kind<5, false, false, true, false, false, true>;
+using KQ5_K = Kind<5, false, true, true, true, false>;
+using KQ6_K = Kind<6, true, true, false, false, true>;             // its own tile (pair_tile)
+using KQ8_0 = Kind<8, false, false, false, false, false, true>;    // Q8_0, and Q5_0 widened
+using K8Min = Kind<8, false, false, true, false, false, true>;      // Q5_1 widened
+using KG8 = Kind<8, false, true, true, true, false>;               // Q5_K widened, and the general 8-bit kind
+using K8G16 = Kind<8, true, true, false, false, false>;            // Q6_K widened
 using KG8_16 = Kind<8, true, true, true, true, false>;
-using KQ5_0 = Kind<5, false, false, false, false, true, true>;  // the only 5-bit kind
-using KQ6_K6 = Kind<6, true, true, false, false, true>;         // the only 6-bit kind (its own tile: pair_tile)
-enum KindIndex : int { kQ4_0, kQ4_1, kQ4_K, kG4, kQ8_0, kQ5_1, kG8, kQ6_K, kG8_16, kQ5_0, kQ6_K6, kKinds };
+enum KindIndex : int { kQ4_0, kQ4_1, kQ4_K, kG4, kQ5_0, kQ5_1, kQ5_K, kQ6_K, kQ8_0, k8Min, kG8, k8G16, kG8_16 };
 
 using TileFn = void (*)(const Weights&, const Activations&, int64_t t, int64_t m0, float* y);
 
@@ -114,12 +118,14 @@ void quantize_blocks_avx2(const float* x, int64_t k, int64_t begin, int64_t end,
     case kQ4_1: AB_ROW_TABLE(KQ4_1, FN)                       \
     case kQ4_K: AB_ROW_TABLE(KQ4_K, FN)                       \
     case kG4: AB_ROW_TABLE(KG4, FN)                           \
-    case kQ8_0: AB_ROW_TABLE(KQ8_0, FN)                       \
-    case kQ5_1: AB_ROW_TABLE(KQ5_1, FN)                       \
-    case kG8: AB_ROW_TABLE(KG8, FN)                           \
-    case kQ6_K: AB_ROW_TABLE(KQ6_K, FN)                       \
     case kQ5_0: AB_ROW_TABLE(KQ5_0, FN)                       \
-    case kQ6_K6: AB_ROW_TABLE(KQ6_K6, PAIR_FN)                \
+    case kQ5_1: AB_ROW_TABLE(KQ5_1, FN)                       \
+    case kQ5_K: AB_ROW_TABLE(KQ5_K, FN)                       \
+    case kQ6_K: AB_ROW_TABLE(KQ6_K, PAIR_FN)                  \
+    case kQ8_0: AB_ROW_TABLE(KQ8_0, FN)                       \
+    case k8Min: AB_ROW_TABLE(K8Min, FN)                       \
+    case kG8: AB_ROW_TABLE(KG8, FN)                           \
+    case k8G16: AB_ROW_TABLE(K8G16, FN)                       \
     default: AB_ROW_TABLE(KG8_16, FN)                         \
   }
 

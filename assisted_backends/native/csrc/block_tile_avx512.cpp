@@ -110,10 +110,10 @@ AB_AVX512 void tile(const Weights& w, const Activations& a, int64_t t, int64_t m
   store<ROWS>(w, t, m0, acc, y);
 }
 
-// Q6_K in six bits (kind KQ6_K6): a unit holds two 16-column groups, one activation block, as the 4-bit layout
+// Q6_K in six bits (kind KQ6_K): a unit holds two 16-column groups, one activation block, as the 4-bit layout
 // holds a 32-column group (group 2p in the low nibbles, 2p + 1 in the high ones), then a 128-byte plane of the
 // high two bits (byte i of half h: bits 2c, 2c + 1 are q's bits 4, 5 in byte i of that half's chunk c). The
-// same integers, scales and fp32 operations in the same order as the widened kind KQ6_K: the same bits.
+// same integers, scales and fp32 operations in the same order as the widened kind K8G16: the same bits.
 template <int C>
 AB_AVX512 inline __m512i high_bits(__m512i plane) {  // chunk C's two bits moved to bits 4-5 of each byte
   const __m512i moved = C < 2 ? _mm512_slli_epi16(plane, 4 - 2 * C) : _mm512_srli_epi16(plane, 2 * C - 4);

@@ -255,9 +255,8 @@ def _two_tables(model: nn.Module) -> bool:
 
 
 def _native_embedding(embedding: nn.Module) -> bool:
-    """Whether the native code reads the embedding's rows itself (a block table, unscaled)."""
-    blocks = isinstance(embedding, QuantizedEmbedding) and embedding.block_meta is not None
-    return blocks and embedding.embed_scale is None
+    """Whether the native code reads the embedding's rows itself (a block table, scaled by an fp32 factor or not)."""
+    return isinstance(embedding, QuantizedEmbedding) and embedding.block_meta is not None
 
 
 def why_unavailable(model: nn.Module) -> str | None:
@@ -348,17 +347,18 @@ class NativeCausalLM(nn.Module):
             weight = module_or_none.weight.detach().float()
             return (1.0 + weight if one_plus else weight).contiguous()
 
-        table = module.no_linear()  # the embedding's rows come from its own module unless the native code reads them
+        table, embed_scale = module.no_linear(), 0.0  # the rows come from the embedding module unless read natively
         if _native_embedding(reference.get_input_embeddings()):
             embedding = reference.get_input_embeddings()
             tensors = {name.removeprefix("block_"): buffer for name, buffer in embedding.named_buffers(recurse=False)
                        if name.startswith("block_")}  # fmt: skip
             table = module.make_linear(*BlockWeight.from_stored(tensors, embedding.block_meta).kernel_arguments(None))
+            embed_scale = 0.0 if embedding.embed_scale is None else float(embedding.embed_scale)  # fp32: exact
         native = module.Decoder(
             config.hidden_size, config.num_attention_heads, config.num_key_value_heads, head_dim,
             config.intermediate_size, float(getattr(inner.norm, "variance_epsilon", getattr(inner.norm, "eps", 1e-6))),
-            float(first.scaling), norm(inner.norm), table, _linear(module, reference.get_output_embeddings()),
-            activation,
+            float(first.scaling), norm(inner.norm), table, embed_scale,
+            _linear(module, reference.get_output_embeddings()), activation,
         )  # fmt: skip
         types = getattr(config, "layer_types", None)
         for index, layer in enumerate(inner.layers):

@@ -103,3 +103,27 @@ def test_each_covered_family_steps_natively_and_exactly(arch):
                     "no reference for 38 positions")  # fmt: skip
     expected = generate(target, start, max_new_tokens=30, backend=backend).sequences  # 38 positions: past the window
     assert torch.equal(generate(native, start, max_new_tokens=30, backend=backend).sequences, expected)
+
+
+def test_a_scaled_token_table_is_read_and_scaled_natively_as_the_module_does():
+    """Gemma 3 multiplies its embedding rows by √D in fp32: the native code reads and scales them itself (no Python
+    embedding a step), bit for bit the module's rows."""
+    from architectures import build
+
+    from assisted_backends.quantized.native_decoder import NativeCausalLM
+
+    from assisted_backends.quantized import blocks
+    from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear
+
+    target = CPUBackend(BackendOptions(dtype="int4")).prepare(build("gemma3_text", seed=0), "target")
+    dense = target.get_input_embeddings()  # a float table here; a .gguf's is quantized, as made below
+    table = QuantizedLinear(blocks.from_float(dense.weight, 4), None)
+    target.set_input_embeddings(QuantizedEmbedding(table, dense.padding_idx, dense.embed_scale))
+    native = NativeCausalLM(target)
+    embedding = target.get_input_embeddings()
+    assert embedding.embed_scale is not None and float(embedding.embed_scale) != 1.0
+    assert native._embed is None  # the native code reads the rows
+    tokens = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode(), native.capturing_hidden_states([0]) as captured:
+        native(tokens, past_key_values=native.new_native_cache())
+    assert torch.equal(captured[0], embedding(tokens).float())

@@ -182,11 +182,12 @@ void over_rows(int64_t rows, int64_t cost, const F& body) {
 
 class Decoder {
  public:
+  // embed_scale: the fp32 factor the family multiplies each embedding row by (Gemma 3: √D in fp32); 0: none.
   Decoder(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
-          double scale, at::Tensor final_norm, Linear embedding, Linear head, int64_t activation)
+          double scale, at::Tensor final_norm, Linear embedding, double embed_scale, Linear head, int64_t activation)
       : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), intermediate_(intermediate),
         eps_(float(eps)), scale_(scale), final_norm_(final_norm.contiguous()), embedding_(std::move(embedding)),
-        head_(std::move(head)), activation_(activation) {
+        embed_scale_(float(embed_scale)), head_(std::move(head)), activation_(activation) {
     TORCH_CHECK(activation == kSilu || activation == kGeluTanh, "decoder: activation 0 (SiLU) or 1 (GELU tanh)");
     linear_.emplace(c10::Dispatcher::singleton().findSchemaOrThrow("assisted_backends::block_linear", "").typed<LinearFn>());
     TORCH_CHECK(head_dim % 2 == 0, "decoder: head_dim must be even");
@@ -263,7 +264,11 @@ class Decoder {
     float* hp = h.data_ptr<float>();
     if (!embedded) {
       over_rows(R, D * 4, [&](int64_t b0, int64_t b1) {
-        for (int64_t r = b0; r < b1; ++r) embedding_.dequantize_row(tp[r], hp + r * D);
+        for (int64_t r = b0; r < b1; ++r) {
+          embedding_.dequantize_row(tp[r], hp + r * D);
+          if (embed_scale_ != 0.0f)  // the row times the fp32 factor, one rounding (as `rows * embed_scale`)
+            for (int64_t i = 0; i < D; ++i) hp[r * D + i] = hp[r * D + i] * embed_scale_;
+        }
       });
     }
     at::Tensor x = at::empty({R, D}, at::kFloat);
@@ -399,7 +404,9 @@ class Decoder {
   float eps_;
   double scale_;
   at::Tensor final_norm_, cos_[2], sin_[2];
-  Linear embedding_, head_;
+  Linear embedding_;
+  float embed_scale_;
+  Linear head_;
   int64_t activation_;
   std::vector<Layer> layers_;
   int64_t linear_ns_ = 0, attention_ns_ = 0, total_ns_ = 0, steps_ = 0;
@@ -424,8 +431,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("make_linear", &make_linear);
   m.def("no_linear", &no_linear);
   pybind11::class_<Decoder>(m, "Decoder")
-      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor, Linear, Linear,
-                          int64_t>())
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, at::Tensor, Linear, double,
+                          Linear, int64_t>())
       .def("add_layer", &Decoder::add_layer)
       .def("set_rotary", &Decoder::set_rotary)
       .def("rotary_positions", &Decoder::rotary_positions)

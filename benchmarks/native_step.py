@@ -8,7 +8,8 @@ today's path (transformers' modeling on the same kernels, batch-invariant attent
 Per thread count, interleaved medians: decode tokens/s (32 greedy steps after a 64-token prompt, the cache cut
 back after each timed call), a verify pass over 5 and 8 rows in decode steps, prefill of a 128-token prompt in
 tokens/s; the native step's split by the decoder's own clocks (inside the kernels' calls `block_linear` and
-`row_attention`, the rest of the C++ step, Python around the call); resident memory beyond `import torch,
+`row_attention`, the rest of the C++ step, Python around the call; the same for the native call alone, without the
+timing loop's Python); resident memory beyond `import torch,
 transformers` against the file; llama-bench tg64 / pp128 on the same file where its tools are built
 (`benchmarks.harness.llama_cpp_tools`; this script never builds them).
 """
@@ -101,7 +102,34 @@ def _split(native, steps: int = 32) -> dict[str, float]:
     linear, attention, inside, count = native._native.timings()
     return {"step_ms": wall / 1e6 / steps, "linear_kernels": linear / wall, "attention_kernel": attention / wall,
             "rest_of_the_cpp_step": (inside - linear - attention) / wall, "python_around_the_call": 1 - inside / wall,
-            "steps_counted": count}  # fmt: skip
+            "steps_counted": count, "native_call_alone": _split_of_the_call(native, steps)}  # fmt: skip
+
+
+def _split_of_the_call(native, steps: int) -> dict[str, float]:
+    """The same shares for the native call alone (`step` called directly `steps` times at one position after the
+    prompt, as the engine's runner calls it): what the step costs without the timing loop's own Python (argmax,
+    building the next call's tensors)."""
+    import time
+
+    from assisted_backends.native import extension
+
+    cache = native.new_native_cache()
+    with torch.inference_mode():
+        native(input_ids=torch.arange(100, 100 + PROMPT)[None], past_key_values=cache, logits_to_keep=1)
+        cache.reserve(1, PROMPT + 1)  # what the module's forward does before its call
+        token, position = torch.tensor([[5]]), torch.tensor([[PROMPT]])
+        embedded = None if native._embed is None else native._embed(token).float()
+        arguments = (token, position, PROMPT, cache.keys, cache.values, None, 1, extension.forced_isa(), embedded, [],
+                     None)  # fmt: skip
+        native._native.step(*arguments)
+        native._native.reset_timings()
+        began = time.perf_counter_ns()
+        for _ in range(steps):
+            native._native.step(*arguments)
+        wall = time.perf_counter_ns() - began
+    linear, attention, inside, _ = native._native.timings()
+    return {"step_ms": wall / 1e6 / steps, "linear_kernels": linear / wall, "attention_kernel": attention / wall,
+            "rest_of_the_cpp_step": (inside - linear - attention) / wall, "outside_the_cpp_clock": 1 - inside / wall}
 
 
 def _llama_bench(path, threads: list[int]) -> dict | None:

@@ -208,30 +208,46 @@ def test_fused_projections_give_the_unfused_logits_bit_for_bit(arch):
         assert torch.equal(fused(ids).logits, separate(ids).logits)
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_random_layouts_match_the_formula_on_every_path(seed):
-    # A seeded differential fuzzer over what the layout allows: any stored byte (8-bit v = −128 included), group
-    # 16 or 32, super-blocks, offsets, with or without per-group multipliers and zeros, any N, any M.
-    generator = torch.Generator().manual_seed(seed)
+def _random_layout(generator: torch.Generator) -> dict:
+    """Bits, group, super-block, offset and which fields a layout has: any the kernels admit (4 and 8 bits: any
+    combination; 5 bits: Q5_0's, Q5_1's and Q5_K's shapes; 6 bits: Q6_K's), chosen by `generator`."""
     pick = lambda options: options[int(torch.randint(len(options), (1,), generator=generator))]  # noqa: E731
-    bits = pick([4, 8])
+    bits = pick([4, 5, 6, 8])
+    if bits == 5:
+        sc, zeros = pick([(False, False), (False, True), (True, True)])  # Q5_0, Q5_1, Q5_K
+        return {"bits": 5, "group": 32, "sb": pick([1, 8]) if sc else 1, "sc": sc, "zeros": zeros,
+                "offset": 0 if zeros else pick([0, 16])}  # fmt: skip
+    if bits == 6:
+        return {"bits": 6, "group": 16, "sb": pick([2, 16]), "sc": True, "zeros": False, "offset": pick([0, 32])}
     group = 32 if bits == 4 else pick([16, 32])
-    sb = pick([1, 256 // group])
+    return {"bits": bits, "group": group, "sb": pick([1, 256 // group]), "sc": pick([True, False]),
+            "zeros": pick([True, False]), "offset": pick([0, 8]) if bits == 4 else 0}  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_layouts_match_the_formula_on_every_path(seed):
+    # A seeded differential fuzzer over what the layouts allow: any stored code (8-bit v = −128 included), 4, 5, 6
+    # or 8 bits, group 16 or 32, super-blocks, offsets, with or without per-group multipliers and zeros, any N, M.
+    generator = torch.Generator().manual_seed(seed)
+    layout = _random_layout(generator)
+    bits, group, sb = layout["bits"], layout["group"], layout["sb"]
     n = int(torch.randint(1, 70, (1,), generator=generator))
     k = group * sb * int(torch.randint(1, 5, (1,), generator=generator))
     k = k if k % 32 == 0 else 2 * k
     groups = k // group
-    codes = torch.randint(0, 16 if bits == 4 else 256, (n, k), generator=generator).to(torch.uint8)
+    codes = torch.randint(0, 1 << bits, (n, k), generator=generator).to(torch.uint8)
     half = lambda shape: (torch.rand(shape, generator=generator) * 2e-2 - 1e-2).to(torch.float16)  # noqa: E731
     byte = lambda: torch.randint(-128, 128, (n, groups), generator=generator).to(torch.int8)  # noqa: E731
-    with_sc, with_min = pick([True, False]), pick([True, False])
+    with_sc, with_min = layout["sc"], layout["zeros"]
     weight = blocks.from_parts(codes, half((n, groups // sb)), half((n, groups // sb)) if with_min else None,
                                byte() if with_sc else None, byte() if with_sc and with_min else None, bits, group, sb,
-                               pick([0, 8]) if bits == 4 else 0)  # fmt: skip
+                               layout["offset"])  # fmt: skip
     x = torch.randn(int(torch.randint(1, 20, (1,), generator=generator)), k, generator=generator) * 3
     reference = blocks.reference_linear(weight, x)
     for isa in extension.runnable_isas():
-        assert torch.equal(weight.matmul(x, ISAS.index(isa)), reference), (isa, bits, group, sb, with_sc, with_min)
+        assert torch.equal(weight.matmul(x, ISAS.index(isa)), reference), (isa, layout)
+    if bits in (5, 6):  # and the planes give the widened layout's bits
+        assert torch.equal(weight.matmul(x), blocks.widened(weight).matmul(x)), layout
 
 
 def _attention_inputs(seed: int, heads: int = 6, kv_heads: int = 2, rows: int = 7, keys: int = 37, dim: int = 64):

@@ -2,13 +2,14 @@
 they had before, on one big layer, interleaved: the same outputs bit for bit (checked here too), fewer bytes
 streamed a step.
 
-    python -m benchmarks.bit_planes                                  # Q5_0, 65536 x 1536, M = 1 and 8, 1 and 2 threads
+    python -m benchmarks.bit_planes                                  # Q5_0, 65536 x 1536, M = 1 and 8, 1-2 threads
     python -m benchmarks.bit_planes --format Q6_K --shape 65536 1536
     python -m benchmarks.bit_planes --shape 4096 1024 --repeats 3    # smoke
 
 Per thread count: the median time of each layout and M, its effective GB/s (bytes stored / time), and the ratio
 widened / planes (above 1: the layout with planes is faster). Weights are random blocks of the format with sane
-fp16 scales (speed does not depend on the values). The 1-minute load average before and after and the CPU's flags are recorded.
+fp16 scales (speed does not depend on the values). The 1-minute load average before and after and the CPU's flags
+are recorded.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ counts).
 
 `--decode`: whole models instead of layers. For each size and `--quants` (Q4_0, or the Q4_K_M- and Q5_K_M-like
 mixes), the random file of `benchmarks.gguf_scaling` (written on first use), and each real model of `--models`,
-decoded greedily by this package (`--new-tokens` tokens after a one-token prompt, EOS ignored; a 128-token prompt's prefill) and by
-llama.cpp's `llama-bench` (tg`--new-tokens` from an empty context and pp128, one repetition a run; built by
-`benchmarks.harness.llama_cpp_tools`), alternated `--repeats` times per thread count; medians, the ratios, this
+decoded greedily by this package (`--new-tokens` tokens after a one-token prompt, EOS ignored; a 128-token prompt's
+prefill) and by llama.cpp's `llama-bench` (tg`--new-tokens` from an empty context and pp128, one repetition a run;
+built by `benchmarks.harness.llama_cpp_tools`), alternated `--repeats` times per thread count; medians, the ratios, this
 package's 5- and 8-row verify passes in one-token steps, its load time, and two threads over one for each engine.
 
     python -m benchmarks.block_kernels --decode --sizes 0.5B 1.5B 3B 7B --quants Q4_0 Q4_K_M \

@@ -129,7 +129,8 @@ def _split_of_the_call(native, steps: int) -> dict[str, float]:
         wall = time.perf_counter_ns() - began
     linear, attention, inside, _ = native._native.timings()
     return {"step_ms": wall / 1e6 / steps, "linear_kernels": linear / wall, "attention_kernel": attention / wall,
-            "rest_of_the_cpp_step": (inside - linear - attention) / wall, "outside_the_cpp_clock": 1 - inside / wall}
+            "rest_of_the_cpp_step": (inside - linear - attention) / wall,
+            "outside_the_cpp_clock": 1 - inside / wall}  # fmt: skip
 
 
 def _llama_bench(path, threads: list[int]) -> dict | None:

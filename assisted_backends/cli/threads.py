@@ -46,7 +46,8 @@ def initial_choice(args: argparse.Namespace) -> ThreadChoice:
         count, warning = capped(args.threads, "--threads")
         if warning is not None:
             print(f"warning: {warning}", file=sys.stderr)
-        return ThreadChoice(affinity.set_threads(count), "--threads", "asked for" if warning is None else f"asked for {args.threads}, capped at the usable cores")
+        how = "asked for" if warning is None else f"asked for {args.threads}, capped at the usable cores"
+        return ThreadChoice(affinity.set_threads(count), "--threads", how)
     if os.environ.get("OMP_NUM_THREADS"):
         return ThreadChoice(torch.get_num_threads(), "OMP_NUM_THREADS", "from the environment")
     threads = affinity.set_threads(None)

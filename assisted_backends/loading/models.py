@@ -80,7 +80,6 @@ def load_model(name: str | os.PathLike, what: str = "model", precision: str | No
         files.check_complete(gguf, what)
         files.share_quantized_entry(gguf)
         from assisted_backends.quantized.model import load_gguf_quantized
-
         from assisted_backends.quantized.native_decoder import native_model
 
         model = load_gguf_quantized(gguf, scheme=precision or "file", tokenizer=False).model.eval()

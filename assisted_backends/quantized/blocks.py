@@ -22,8 +22,8 @@ S·v + Z rounded once is gguf's value. 4-bit codes cost half a byte a weight, 5-
 as 4-bit codes store them and a plane of fifth bits, 64 bytes a group of 16 rows x 32 columns) 0.625, 6-bit (Q6_K:
 two 16-column groups stored as one 32-column group of nibbles and a plane of high bit pairs, 128 bytes) 0.75, 8-bit
 (Q8_0) one byte: every format about its file's size. `widened` gives a 5- or 6-bit weight the 8-bit layout (the
-same v, S and Z: the same outputs bit for bit; the layout before LAYOUT_VERSION 2 (Q5_0), 3 (Q6_K), 4 (Q5_1, Q5_K)). Rows are padded
-to tiles of 16; the kernel's byte order is in the C++ source's header.
+same v, S and Z: the same outputs bit for bit; the layout before LAYOUT_VERSION 2 (Q5_0), 3 (Q6_K), 4 (Q5_1,
+Q5_K)). Rows are padded to tiles of 16; the kernel's byte order is in the C++ source's header.
 
 `reference_linear` is the kernel's formula in plain PyTorch (the same integer sums, the same fp32 operations
 in the same order): the kernel must equal it bit for bit on every instruction set.
@@ -198,7 +198,7 @@ def _negated(half: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class _Parts:
-    """One format's blocks decoded: stored codes [B, block] (q for 4-, 5- and 6-bit, v + 128 for 8), fields per block."""
+    """One format's blocks decoded: stored codes [B, block] (q for 4-, 5-, 6-bit, v + 128 for 8), fields per block."""
 
     codes: torch.Tensor
     d: torch.Tensor  # fp16 [B, supers per block]

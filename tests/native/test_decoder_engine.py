@@ -110,10 +110,9 @@ def test_a_scaled_token_table_is_read_and_scaled_natively_as_the_module_does():
     embedding a step), bit for bit the module's rows."""
     from architectures import build
 
-    from assisted_backends.quantized.native_decoder import NativeCausalLM
-
     from assisted_backends.quantized import blocks
     from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear
+    from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     target = CPUBackend(BackendOptions(dtype="int4")).prepare(build("gemma3_text", seed=0), "target")
     dense = target.get_input_embeddings()  # a float table here; a .gguf's is quantized, as made below

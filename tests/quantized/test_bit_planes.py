@@ -100,17 +100,19 @@ def test_the_pair_plane_holds_bits_2c_of_byte_i_of_half_h():
 @needs_kernels
 @pytest.mark.parametrize(
     ("kind", "message"),
-    [("Q5_0", "5-bit codes take the shapes of Q5_0, Q5_1 or Q5_K only"), ("Q6_K", "6-bit codes take Q6_K's shape only")],
+    [
+        ("Q5_0", "5-bit codes take the shapes of Q5_0, Q5_1 or Q5_K only"),
+        ("Q6_K", "6-bit codes take Q6_K's shape only"),
+    ],
 )
 def test_a_weight_with_planes_of_another_shape_is_a_one_line_error(kind, message):
     weight, _ = _weight(kind, 16, 256)
     x = torch.randn(1, 256)
     zeros = torch.zeros_like(weight.d)
     with pytest.raises(RuntimeError, match=message):
-        torch.ops.assisted_backends.block_linear.default(
-            x, weight.codes, weight.d, zeros, weight.sc, None, None, 16, 256, weight.bits, weight.group, weight.sb,
-            weight.offset, -1,
-        )
+        arguments = (weight.codes, weight.d, zeros, weight.sc, None, None, 16, 256, weight.bits, weight.group,
+                     weight.sb, weight.offset, -1)  # fmt: skip
+        torch.ops.assisted_backends.block_linear.default(x, *arguments)
 
 
 @needs_kernels

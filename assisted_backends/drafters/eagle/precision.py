@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from assisted_backends.options.errors import OptionError
 from assisted_backends.native import extension
+from assisted_backends.options.errors import OptionError
 
 HEAD_PRECISIONS = ("auto", "float", "bf16", "int8", "int4")
 SCHEMES = {"int8": 8, "int4": 4}  # bits of the block formats

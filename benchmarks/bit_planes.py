@@ -15,18 +15,15 @@ are recorded.
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 import torch
 
-from assisted_backends.native import extension
 from assisted_backends.quantized import blocks
 from benchmarks.block_kernels import random_weight
 from benchmarks.harness import RESULTS, command_line, interleaved, write_result
-
-
-def _load() -> float:
-    return float(open("/proc/loadavg").read().split()[0])
+from benchmarks.harness.kernels import require_kernels
 
 
 def main() -> None:
@@ -38,9 +35,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    status = extension.status()
-    if not status.available:
-        raise SystemExit(f"the package's kernels do not run here: {status.reason}")
+    status = require_kernels()
     n, k = args.shape
     new = random_weight(args.format, n, k, np.random.default_rng(0))
     old = blocks.widened(new)
@@ -54,9 +49,9 @@ def main() -> None:
     results = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        before = _load()
+        before = os.getloadavg()[0]
         medians = interleaved(cases, args.repeats, warmup=2).medians()
-        row = {"threads": threads, "load_before": before, "load_after": _load()}
+        row = {"threads": threads, "load_before": before, "load_after": os.getloadavg()[0]}
         for rows in args.rows:
             for name, w in layouts.items():
                 seconds = medians[f"{name}_{rows}"]

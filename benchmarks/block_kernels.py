@@ -39,10 +39,10 @@ import time
 import numpy as np
 import torch
 
-from assisted_backends.native import extension
 from assisted_backends.quantized import blocks, kernels
 from benchmarks.gguf_scaling import QUANTS, SHAPES
 from benchmarks.harness import RESULTS, command_line, interleaved, write_result
+from benchmarks.harness.kernels import require_kernels
 from benchmarks.harness.memory import read_bandwidth_gbs
 
 ROWS = (1, 2, 4, 5, 8, 16)
@@ -122,9 +122,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=[], help="--decode: real models too (smollm2-135m-instruct ...)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    status = extension.status()
-    if not status.available:
-        raise SystemExit(f"the package's kernels do not run here: {status.reason}")
+    status = require_kernels()
     if args.decode:
         return decode_main(args, status)
     if args.prefetch:

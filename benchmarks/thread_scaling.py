@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 import time
 
 import numpy as np
 import torch
 
-from assisted_backends.native import extension
 from benchmarks.block_kernels import random_weight
 from benchmarks.harness import RESULTS, command_line, write_result
+from benchmarks.harness.kernels import require_kernels
 from benchmarks.harness.memory import read_bandwidth_gbs
 
 BIG = (65536, 1024)
@@ -60,16 +61,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    status = extension.status()
-    if not status.available:
-        raise SystemExit(f"the package's kernels do not run here: {status.reason}")
+    status = require_kernels()
     big = _copies(*BIG, 256e6)
     small = {shape: _copies(*shape, 64e6) for shape in SMALL}
     samples: dict[str, list[float]] = collections.defaultdict(list)
     used: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     loads = []
     for _ in range(args.rounds):
-        loads.append(float(open("/proc/loadavg").read().split()[0]))
+        loads.append(os.getloadavg()[0])
         for threads in (1, 2):
             torch.set_num_threads(threads)
             samples[f"sum_gbs_{threads}t"].append(read_bandwidth_gbs(0.5, 3))

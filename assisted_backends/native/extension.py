@@ -21,9 +21,13 @@ When the kernels cannot run (no compiler, no AVX2, a build error, or `ASSISTED_B
 `status()` says why in one sentence and the quantized layers use PyTorch's int4/int8 kernels instead
 (`quantized.kernels`): the same tokens as always on that path, slower.
 
-`ASSISTED_BACKENDS_KERNEL_ISA` = `avx512vnni` | `avxvnni` | `avx2` | `scalar` forces one path (tests run every path
-the machine runs); each path runs only where the CPU reports its own flags (CPUID at run time: AVX-512 VNNI does
-not imply AVX-VNNI), and naming one the CPU lacks is a one-line error. Every path computes the same bits.
+`ASSISTED_BACKENDS_KERNEL_ISA` = `amx` | `avx512vnni` | `avxvnni` | `avx2` | `scalar` forces one path (tests run every
+path the machine runs); each path runs only where the CPU reports its own flags (CPUID at run time: AVX-512 VNNI does
+not imply AVX-VNNI; AMX also needs the OS's permission), and naming one the CPU lacks is a one-line error. Every
+path computes the same bits. `amx` (AMX int8 tiles for passes of 16 rows, `block_amx_min_rows`; the AVX-512 VNNI
+tile for fewer) is chosen only when named: on the Xeon measured it paid at 16 rows for Q4_0 / Q4_K and not below.
+`amxmodel` runs the AMX path's code on a software model of the tile instructions (slow; it lets a CPU without AMX
+test that code bit for bit); it too is never chosen unless named.
 """
 
 from __future__ import annotations
@@ -47,12 +51,13 @@ from assisted_backends.cache_dir import cache_root
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "block_kernels.cpp"
-SOURCES = (SOURCE, CSRC / "block_tile_avx512.cpp", CSRC / "block_tile_avx2.cpp", CSRC / "row_attention.cpp")
+SOURCES = (SOURCE, CSRC / "block_tile_avx512.cpp", CSRC / "block_tile_avx2.cpp", CSRC / "block_tile_amx.cpp",
+           CSRC / "row_attention.cpp")  # fmt: skip
 #: row_math.h: the arithmetic the kernels share with the native decoder (its build key hashes it too)
 HEADERS = (CSRC / "block_layout.h", CSRC / "cpu_features.h", CSRC / "tile_pool.h", CSRC / "block_tile_avx2.inc",
            CSRC / "row_math.h")  # fmt: skip
 LIBRARY = "assisted_backends_block_kernels"
-ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni")  # the C++ enum's order (csrc/cpu_features.h)
+ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni", "amx", "amxmodel")  # the C++ enum's order (cpu_features.h)
 #: CPUID features as /proc/cpuinfo names them, in the bit order of csrc/cpu_features.h
 FEATURES = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8")
 #: what each path needs, each checked on its own (AVX-512 VNNI does not imply AVX-VNNI: Zen 4, Cascade Lake)
@@ -61,8 +66,14 @@ PATH_NEEDS = {
     "avx2": frozenset({"avx2", "fma", "f16c"}),
     "avxvnni": frozenset({"avx2", "fma", "f16c", "avx_vnni"}),
     "avx512vnni": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+    # AMX tiles for passes of several rows (AVX-512 VNNI for the others and for the scales)
+    "amx": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"}),
+    # the AMX path's code on a software model of the tile instructions: for tests, never chosen unless forced
+    "amxmodel": frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
 }
-PREFERENCE = ("avx512vnni", "avxvnni", "avx2", "scalar")  # the default path: the first one the CPU runs
+#: the default path: the first one the CPU runs (AMX only when named: on the Xeon measured it did not beat the
+#: AVX-512 VNNI tile below 16 rows, benchmarks/RESULTS.md "AMX")
+PREFERENCE = ("avx512vnni", "avxvnni", "avx2", "scalar")
 ISA_VARIABLE = "ASSISTED_BACKENDS_KERNEL_ISA"
 SWITCH_VARIABLE = "ASSISTED_BACKENDS_KERNELS"
 # -fopenmp: at::parallel_for runs serially without it; -ffp-contract=off: no FMA may change an fp32 sum's rounding
@@ -112,7 +123,7 @@ def feature_mask(flags: set[str] | frozenset[str]) -> int:
 
 def _cpu_key() -> str:
     flags = _cpu_flags()
-    wanted = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+    wanted = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_int8")
     return "-".join(flag for flag in wanted if flag in flags) or "generic"
 
 

@@ -76,6 +76,26 @@ def test_each_row_equals_that_row_alone_for_every_m(weights, kind, isa):
     assert kernels.same_bits(weight.matmul(x, ISAS.index(isa)), alone)  # M = 64 (8 passes of 8 rows)
 
 
+@pytest.mark.parametrize("isa", ("amx", "amxmodel"))
+@pytest.mark.parametrize("kind", SHAPES)
+def test_amx_tiles_take_every_row_count(weights, kind, isa):
+    """The AMX path with AMX tiles for every pass (by default passes under `block_amx_min_rows` rows run the AVX-512
+    tile): each M from 1 to 16 rows in one pass, and 35 (16 + 16 + 3), give the formula's bits."""
+    _runnable(isa)
+    weight, _ = weights[kind]
+    x = torch.randn(35, weight.in_features, generator=torch.Generator().manual_seed(7))
+    x[2] = 0.0
+    reference = blocks.reference_linear(weight, x)
+    set_min_rows = torch.ops.assisted_backends.block_amx_min_rows
+    default = int(set_min_rows(-1))
+    assert int(set_min_rows(1)) == 1
+    try:
+        for m in [*range(1, 17), 35]:
+            assert torch.equal(weight.matmul(x[:m], ISAS.index(isa)), reference[:m]), (kind, isa, m)
+    finally:
+        set_min_rows(default)
+
+
 def test_threads_do_not_change_the_bits():
     # 128 tiles of 4 KB groups: two threads take tiles (the op says how many did), and give the bits of one
     # (every output element is summed by one thread, in one order). tests/native/test_kernel_invariance.py

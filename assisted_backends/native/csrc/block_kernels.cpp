@@ -11,8 +11,9 @@
 // -ffp-contract=off, no FMA), so row m of a call over M rows equals that row alone, bit for bit, on
 // every path, and every path equals the others and the plain-PyTorch reference of the same formula.
 //
-// The vector tiles live in block_tile_avx512.cpp and block_tile_avx2.cpp (one instantiation per format kind and
-// row count, block_layout.h); this file holds the scalar reference path, the ops, and the threading: a
+// The vector tiles live in block_tile_avx512.cpp, block_tile_avx2.cpp and block_tile_amx.cpp (one instantiation
+// per format kind and row count, block_layout.h); the AMX path runs passes of at least `block_amx_min_rows` rows
+// (up to 16 a pass) on AMX tiles and shorter ones on the AVX-512 tile; this file holds the scalar reference path, the ops, and the threading: a
 // persistent pool (tile_pool.h) that a call's helpers join when they wake, activation quantization split across
 // them (by blocks of 32 columns) when it is large, then whole tiles handed out dynamically; a tile's outputs for all M rows are computed by the thread that took it, in one
 // fixed order, so neither M nor the thread count nor the hand-out changes a bit.
@@ -62,6 +63,10 @@ int64_t prefetch_from_environment() {
 std::atomic<int64_t> g_prefetch{prefetch_from_environment()};
 std::atomic<int64_t> g_threads_used{0};  // threads that took tiles in this process's last block_linear call
 std::atomic<int64_t> g_bytes_per_thread{65536};  // weight bytes a thread at least (block_min_bytes_per_thread)
+// The AMX path's shortest pass on AMX tiles (block_amx_min_rows): 16, a full tile, where AMX paid on the Xeon
+// measured (`benchmarks.block_kernels --paths avx512vnni amx`: 0.62-1.04x the AVX-512 tile's speed at 1-8 rows,
+// 0.74-1.14x at 16).
+std::atomic<int64_t> g_amx_min_rows{16};
 
 using ab_math::half_to_float;  // row_math.h: the one fp16 conversion of both native libraries
 
@@ -186,6 +191,10 @@ void fill_neutral(int kind, Weights& w, int64_t tiles, std::vector<at::Tensor>& 
 }
 
 TileFn pick(int64_t isa, int kind, int rows) {
+  if (isa == ab_cpu::kAmxModelPath) return pick_amx_model(kind, rows);
+  if (isa == ab_cpu::kAmxPath) {
+    return rows >= g_amx_min_rows.load(std::memory_order_relaxed) ? pick_amx(kind, rows) : pick_avx512(kind, rows);
+  }
   if (isa == ab_cpu::kAvx512VnniPath) return pick_avx512(kind, rows);
   if (isa == ab_cpu::kAvxVnniPath) return pick_avxvnni(kind, rows);
   return pick_avx2(kind, rows);
@@ -225,6 +234,8 @@ void run(const Weights& w, int64_t isa, const float* x, int64_t m, float* y) {
   const Activations a = buffers.fit(m, w.k);
   const int64_t tiles = (w.n + kTile - 1) / kTile, units = m * (w.k / kBlock);
   const bool vector = isa != ab_cpu::kScalarPath;
+  const bool amx = isa == ab_cpu::kAmxPath || isa == ab_cpu::kAmxModelPath;
+  const int64_t per_pass = amx ? kAmxRowsPerPass : kRowsPerPass;
   const int kind = kind_of(w);
   // A thread for every ~64 KB of weights at most: a small layer is not worth a second thread's wake-up.
   const int64_t bytes = tiles * w.groups * w.group_bytes() * (1 + (m - 1) / kRowsPerPass);
@@ -256,8 +267,8 @@ void run(const Weights& w, int64_t isa, const float* x, int64_t m, float* y) {
       const int64_t end = std::min(tiles, begin + chunk);
       taken += end - begin;
       for (int64_t t = begin; t < end; ++t) {
-        for (int64_t m0 = 0; m0 < m; m0 += kRowsPerPass) {
-          const int rows = int(std::min<int64_t>(kRowsPerPass, m - m0));
+        for (int64_t m0 = 0; m0 < m; m0 += per_pass) {
+          const int rows = int(std::min<int64_t>(per_pass, m - m0));
           if (vector) {
             pick(isa, kind, rows)(w, a, t, m0, y);
           } else {
@@ -366,6 +377,10 @@ int64_t min_bytes_per_thread(int64_t bytes) {
   if (bytes >= 0) g_bytes_per_thread.store(bytes);
   return g_bytes_per_thread.load();
 }
+int64_t amx_min_rows(int64_t rows) {
+  if (rows >= 1) g_amx_min_rows.store(rows);
+  return g_amx_min_rows.load();
+}
 int64_t prefetch(int64_t bytes) {
   if (bytes >= 0) g_prefetch.store(bytes);
   return g_prefetch.load();
@@ -383,6 +398,7 @@ TORCH_LIBRARY(assisted_backends, m) {
   m.def("block_threads_used() -> int", &threads_used);
   m.def("block_prefetch(int bytes) -> int", &prefetch);
   m.def("block_min_bytes_per_thread(int bytes) -> int", &min_bytes_per_thread);
+  m.def("block_amx_min_rows(int rows) -> int", &amx_min_rows);
 }
 
 TORCH_LIBRARY_IMPL(assisted_backends, CPU, m) {

@@ -10,7 +10,8 @@ namespace ab_blocks {
 
 constexpr int kTile = 16;   // output rows per tile
 constexpr int kBlock = 32;  // activation quantization block
-constexpr int kRowsPerPass = 8;
+constexpr int kRowsPerPass = 8;       // the vector tiles' rows a pass (their accumulators stay in registers)
+constexpr int kAmxRowsPerPass = 16;   // the AMX tile's: one activation tile holds 16 rows
 
 // Bytes a group's codes take: bits 4, 256 bytes of nibbles; bits 5, the same 256 and a 64-byte plane of fifth bits;
 // bits 6 (16-column groups stored in pairs, 384 bytes a pair): 192; bits 8, G · 16.
@@ -114,6 +115,8 @@ using TileFn = void (*)(const Weights&, const Activations&, int64_t t, int64_t m
 TileFn pick_avx512(int kind, int rows);
 TileFn pick_avxvnni(int kind, int rows);
 TileFn pick_avx2(int kind, int rows);
+TileFn pick_amx(int kind, int rows);        // rows 1..16, the AMX int8 instructions
+TileFn pick_amx_model(int kind, int rows);  // the same code on a software model of them (tests)
 
 // Quantize blocks [begin, end) of the flattened [M, K/32] block grid (AVX2; the same bits as the scalar form).
 void quantize_blocks_avx2(const float* x, int64_t k, int64_t begin, int64_t end, int8_t* q, float* dx, float* zx,
@@ -131,21 +134,43 @@ void quantize_blocks_avx2(const float* x, int64_t k, int64_t begin, int64_t end,
     default: return FN<KIND, 8>;                              \
   }
 
-#define AB_KIND_TABLE(FN, PAIR_FN)                            \
+#define AB_ROW_TABLE16(KIND, FN)                              \
+  switch (rows) {                                             \
+    case 1: return FN<KIND, 1>;                               \
+    case 2: return FN<KIND, 2>;                               \
+    case 3: return FN<KIND, 3>;                               \
+    case 4: return FN<KIND, 4>;                               \
+    case 5: return FN<KIND, 5>;                               \
+    case 6: return FN<KIND, 6>;                               \
+    case 7: return FN<KIND, 7>;                               \
+    case 8: return FN<KIND, 8>;                               \
+    case 9: return FN<KIND, 9>;                               \
+    case 10: return FN<KIND, 10>;                             \
+    case 11: return FN<KIND, 11>;                             \
+    case 12: return FN<KIND, 12>;                             \
+    case 13: return FN<KIND, 13>;                             \
+    case 14: return FN<KIND, 14>;                             \
+    case 15: return FN<KIND, 15>;                             \
+    default: return FN<KIND, 16>;                             \
+  }
+
+#define AB_KIND_TABLE(FN, PAIR_FN) AB_KIND_TABLE_OF(AB_ROW_TABLE, FN, PAIR_FN)
+
+#define AB_KIND_TABLE_OF(ROW_TABLE, FN, PAIR_FN)              \
   switch (kind) {                                             \
-    case kQ4_0: AB_ROW_TABLE(KQ4_0, FN)                       \
-    case kQ4_1: AB_ROW_TABLE(KQ4_1, FN)                       \
-    case kQ4_K: AB_ROW_TABLE(KQ4_K, FN)                       \
-    case kG4: AB_ROW_TABLE(KG4, FN)                           \
-    case kQ5_0: AB_ROW_TABLE(KQ5_0, FN)                       \
-    case kQ5_1: AB_ROW_TABLE(KQ5_1, FN)                       \
-    case kQ5_K: AB_ROW_TABLE(KQ5_K, FN)                       \
-    case kQ6_K: AB_ROW_TABLE(KQ6_K, PAIR_FN)                  \
-    case kQ8_0: AB_ROW_TABLE(KQ8_0, FN)                       \
-    case k8Min: AB_ROW_TABLE(K8Min, FN)                       \
-    case kG8: AB_ROW_TABLE(KG8, FN)                           \
-    case k8G16: AB_ROW_TABLE(K8G16, FN)                       \
-    default: AB_ROW_TABLE(KG8_16, FN)                         \
+    case kQ4_0: ROW_TABLE(KQ4_0, FN)                       \
+    case kQ4_1: ROW_TABLE(KQ4_1, FN)                       \
+    case kQ4_K: ROW_TABLE(KQ4_K, FN)                       \
+    case kG4: ROW_TABLE(KG4, FN)                           \
+    case kQ5_0: ROW_TABLE(KQ5_0, FN)                       \
+    case kQ5_1: ROW_TABLE(KQ5_1, FN)                       \
+    case kQ5_K: ROW_TABLE(KQ5_K, FN)                       \
+    case kQ6_K: ROW_TABLE(KQ6_K, PAIR_FN)                  \
+    case kQ8_0: ROW_TABLE(KQ8_0, FN)                       \
+    case k8Min: ROW_TABLE(K8Min, FN)                       \
+    case kG8: ROW_TABLE(KG8, FN)                           \
+    case k8G16: ROW_TABLE(K8G16, FN)                       \
+    default: ROW_TABLE(KG8_16, FN)                         \
   }
 
 }  // namespace ab_blocks

@@ -3,10 +3,14 @@
 // Instruction sets are not a ladder: AVX-512 VNNI does not imply AVX-VNNI (Zen 4, Cascade Lake, Ice Lake have
 // the first without the second), and AMX comes with both on Sapphire Rapids but with neither on other CPUs.
 // A path runs only where every flag it needs is reported, and the OS saves the registers it uses (XCR0).
+// AMX also needs Linux's permission for the process's tile state (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+):
+// asked once here, and a CPU whose OS refuses it does not run the AMX path.
 // The feature bits below are in the order of extension.py's FEATURES (the names /proc/cpuinfo gives them).
 #pragma once
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <string>
@@ -26,12 +30,34 @@ enum Feature : int64_t {
   kAmxInt8 = 1 << 9,
 };
 
-// The kernels' paths, in the order of extension.py's ISA_NAMES (an order of preference, not of implication).
-enum Path : int64_t { kScalarPath = 0, kAvx2Path = 1, kAvxVnniPath = 2, kAvx512VnniPath = 3, kPaths = 4 };
+// The kernels' paths, in the order of extension.py's ISA_NAMES (not an order of implication). kAmxPath: AMX int8
+// tiles for passes of many rows, the AVX-512 VNNI tile for fewer (block_kernels.cpp); kAmxModelPath: the same AMX
+// tile code on a software model of the tile instructions (block_tile_amx.cpp), for tests on CPUs without AMX.
+// Neither is chosen unless forced: on the one AMX Xeon measured, the AVX-512 VNNI tile was as fast or faster
+// below 16 rows (benchmarks/RESULTS.md, "AMX").
+enum Path : int64_t {
+  kScalarPath = 0,
+  kAvx2Path = 1,
+  kAvxVnniPath = 2,
+  kAvx512VnniPath = 3,
+  kAmxPath = 4,
+  kAmxModelPath = 5,
+  kPaths = 6
+};
 
 inline const char* path_name(int64_t path) {
-  static const char* names[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
+  static const char* names[] = {"scalar", "avx2", "avxvnni", "avx512vnni", "amx", "amxmodel"};
   return path >= 0 && path < kPaths ? names[path] : "unknown";
+}
+
+// Linux's permission to use the tile data state in this process (granted once, for every thread).
+inline bool tile_permission() {
+#ifdef __linux__
+  constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+#else
+  return false;
+#endif
 }
 
 inline uint64_t xcr0() {
@@ -58,8 +84,8 @@ inline int64_t read_features() {
   if (zmm && (b & (1u << 30))) out |= kAvx512Bw;
   if (zmm && (b & (1u << 31))) out |= kAvx512Vl;
   if (zmm && (c & (1u << 11))) out |= kAvx512VnniFlag;
-  if (tiles && (d & (1u << 24))) out |= kAmxTile;
-  if (tiles && (d & (1u << 25))) out |= kAmxInt8;
+  const bool amx = tiles && (d & (1u << 24)) && (d & (1u << 25)) && tile_permission();
+  if (amx) out |= kAmxTile | kAmxInt8;
   if (a >= 1) {
     __cpuid_count(7, 1, a, b, c, d);
     if (ymm && (a & (1u << 4))) out |= kAvxVnniFlag;
@@ -80,7 +106,9 @@ inline int64_t paths_for(int64_t f) {
   int64_t out = int64_t(1) << kScalarPath;
   if (has(f, base)) out |= int64_t(1) << kAvx2Path;
   if (has(f, base | kAvxVnniFlag)) out |= int64_t(1) << kAvxVnniPath;
-  if (has(f, base | kAvx512F | kAvx512Bw | kAvx512Vl | kAvx512VnniFlag)) out |= int64_t(1) << kAvx512VnniPath;
+  const int64_t avx512 = base | kAvx512F | kAvx512Bw | kAvx512Vl | kAvx512VnniFlag;
+  if (has(f, avx512)) out |= (int64_t(1) << kAvx512VnniPath) | (int64_t(1) << kAmxModelPath);
+  if (has(f, avx512 | kAmxTile | kAmxInt8)) out |= int64_t(1) << kAmxPath;
   return out;
 }
 

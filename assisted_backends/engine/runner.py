@@ -214,7 +214,8 @@ class ModelRunner:
         layers = getattr(self.layout.cache, "layers", None)
         if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
             return "a token tree needs every cache layer to keep all positions"
-        config = getattr(self.model, "config", None)
+        model = self._tree_model
+        config = getattr(model, "config", None)
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         if getattr(text, "model_type", None) in ("bloom", "mpt") or getattr(text, "alibi", False):
             return "a token tree needs positions from position ids (ALiBi biases by cache index)"
@@ -226,9 +227,15 @@ class ModelRunner:
         ):
             return "a token tree's mask has no sliding window or chunks"
         implementation = getattr(config, "_attn_implementation", None)
-        if implementation not in MASK_IMPLEMENTATIONS or not isinstance(self.model, PreTrainedModel):
+        if implementation not in MASK_IMPLEMENTATIONS or not isinstance(model, PreTrainedModel):
             return f"a token tree needs a 4-D mask, which attention {implementation!r} is not given here"
         return None
+
+    @property
+    def _tree_model(self) -> Any:
+        """The model a tree pass calls: the one a backend wrapped (`eager`, a graph-captured step) where there is one; a
+        tree runs on a dynamic cache, which such a wrapper steps eagerly anyway."""
+        return self._eager if self._eager is not None else self.model
 
     def forward_tree(self, tokens: torch.Tensor, tree: TokenTree) -> torch.Tensor:
         """Token trees (`engine.token_tree`): feed `tokens` [1, N + 1] (the pending token, then the tree's nodes)
@@ -239,17 +246,18 @@ class ModelRunner:
         cache_position = torch.arange(start, start + rows, device=tokens.device)  # [N + 1]
         depths = torch.tensor(tree.depths(), device=tokens.device)
         position_ids = (start + depths)[None, :].clamp(min=0, max=self._max_position)  # [1, N + 1]
-        implementation = self.model.config._attn_implementation
-        dtype = hf_compat.activation_dtype(self.model)
+        model = self._tree_model
+        implementation = model.config._attn_implementation
+        dtype = hf_compat.activation_dtype(model)
         mask = attention_mask(tree, start, implementation, dtype).to(tokens.device)
         kwargs = {"cache_position": cache_position} if self._pass_cache_position else {}
         with torch.inference_mode():
-            output = self.model(
+            output = model(
                 input_ids=tokens,
                 attention_mask=mask,
                 position_ids=position_ids,
                 use_cache=True,
-                **hf_compat.cache_kwargs(self.model, self.layout.cache),
+                **hf_compat.cache_kwargs(model, self.layout.cache),
                 **kwargs,
             )
         self.layout.advance(rows)

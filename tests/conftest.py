@@ -35,6 +35,22 @@ def one_token_matches(monkeypatch):
     monkeypatch.setattr(prompt_lookup, "DEFAULT_MIN_NGRAM", 1)
 
 
+@pytest.fixture
+def tree_passes(monkeypatch) -> list[int]:
+    """Counts the rounds that verified a token tree (the real `verify_tree` runs)."""
+    from assisted_backends.engine import round as engine_round
+
+    counted: list[int] = []
+    real = engine_round.verify_tree
+
+    def counting(*args, **kwargs):
+        counted.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_round, "verify_tree", counting)
+    return counted
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Run a module's tests on one thread: tiny models gain nothing from a second, and the machines

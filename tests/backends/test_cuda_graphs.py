@@ -193,6 +193,28 @@ def test_long_feeds_and_dynamic_caches_run_eagerly():
     assert wrapper.graphs.stats.captures == 0 and wrapper.graphs.stats.eager_calls == 4
 
 
+def test_a_graph_wrapped_target_verifies_token_trees_on_the_dynamic_layout(tree_passes):
+    """The backend wraps every capturable model for graphs; on the dynamic layout a tree pass calls the model it
+    wrapped (the first H200 run found trees refused behind the wrapper); the static layout verifies chains."""
+    from suffix_fixtures import competing_cache
+
+    target, _ = pair("llama")
+    prompt = random_prompt(10, seed=0)
+    reference = reference_greedy(target, prompt, 24)
+    for layout in ("dynamic", None):
+        backend = CUDABackendOnCPU(BackendOptions(dtype="fp32"))
+        cache = competing_cache(prompt, reference[0, 10:].tolist())
+        result = generate(target, prompt, max_new_tokens=24, suffix_cache=cache, num_assistant_tokens=6,
+                          cache_layout=layout, backend=backend)  # fmt: skip
+        assert torch.equal(result.sequences, reference), layout
+        assert isinstance(backend.prepare(target, "target"), GraphedCausalLM)
+        if layout == "dynamic":
+            assert tree_passes, "a graph-wrapped target on the dynamic layout must verify trees"
+            tree_passes.clear()
+        else:
+            assert result.stats.cache_layout == "static" and not tree_passes
+
+
 def test_prepare_is_idempotent_and_wraps_per_role():
     target, draft = pair("llama")
     backend = CUDABackendOnCPU()

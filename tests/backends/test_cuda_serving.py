@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from suffix_fixtures import competing_cache
 from tiny_models import random_prompt, tiny_model
 
 from assisted_backends import generate
-from assisted_backends.drafters.suffix import SuffixCache
-from assisted_backends.engine import round as engine_round
 
 pytestmark = [
     pytest.mark.cuda,
@@ -32,34 +31,6 @@ def _greedy(model, prompt: torch.Tensor) -> torch.Tensor:
                               pad_token_id=0)  # fmt: skip
 
 
-def _competing_cache(prompt: torch.Tensor, output: list[int]) -> SuffixCache:
-    """The right continuation once and two variants of it twice each (wrong at a few tokens): the index's most frequent
-    continuation is wrong there and a sibling is right, so the drafter offers trees."""
-    cache = SuffixCache(token_trees=True)
-    for shift in (1, 2):
-        wrong = list(output)
-        for at in (3, 9, 15):
-            wrong[at] = (wrong[at] + shift) % 100 + 3
-        cache.add(prompt[0].tolist() + wrong)
-        cache.add(prompt[0].tolist() + wrong)
-    cache.add(prompt[0].tolist() + output)
-    return cache
-
-
-@pytest.fixture
-def tree_passes(monkeypatch) -> list[int]:
-    """Counts the rounds that verified a token tree (the real `verify_tree` runs)."""
-    counted: list[int] = []
-    real = engine_round.verify_tree
-
-    def counting(*args, **kwargs):
-        counted.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine_round, "verify_tree", counting)
-    return counted
-
-
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("layout", ["dynamic", None], ids=["trees", "graphs"])
 def test_suffix_decoding_on_the_gpu_is_the_targets_own_greedy(arch, layout, tree_passes):
@@ -67,7 +38,7 @@ def test_suffix_decoding_on_the_gpu_is_the_targets_own_greedy(arch, layout, tree
     for seed in range(2):
         prompt = random_prompt(10, seed=seed).cuda()
         expected = _greedy(target, prompt)
-        cache = _competing_cache(prompt.cpu(), expected[0, 10:].tolist())
+        cache = competing_cache(prompt, expected[0, 10:].tolist())
         result = generate(target, prompt, max_new_tokens=NEW, suffix_cache=cache, num_assistant_tokens=6,
                           cache_layout=layout)  # fmt: skip
         assert torch.equal(result.sequences, expected), (arch, layout, seed)

@@ -26,8 +26,8 @@ from assisted_backends.drafters.eagle.precision import (
     choose_precision,
 )
 from assisted_backends.model_facts import ModelFacts
-from assisted_backends.options.errors import OptionError
 from assisted_backends.native import extension
+from assisted_backends.options.errors import OptionError
 from assisted_backends.quantized.linear import QuantizedLinear, quantize_model
 from assisted_backends.train_draft import batches, ttt
 from assisted_backends.train_draft.data import featurize

@@ -8,6 +8,7 @@ import pytest
 import torch
 from architectures import UnknownArchitecture, build, refused_here
 from stats_tools import NEW, PROMPT, V, assert_same_distribution, exact_joint, sample_counts
+from suffix_fixtures import competing_cache, fill_competing
 from tiny_models import random_prompt, reference_greedy, tiny_model
 from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper
@@ -15,7 +16,6 @@ from transformers.generation.logits_process import LogitsProcessorList, Temperat
 from assisted_backends import generate
 from assisted_backends.drafters.suffix import SuffixCache
 from assisted_backends.drafters.suffix.automaton import SuffixAutomaton
-from assisted_backends.engine import round as engine_round
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 needs_layered_caches = pytest.mark.skipif(
@@ -25,20 +25,6 @@ needs_layered_caches = pytest.mark.skipif(
 TREE_ARCHS = ("llama", "qwen3_moe", "gemma", "phi", "gpt_neox", "opt", "falcon", "gpt2")
 
 
-@pytest.fixture
-def tree_passes(monkeypatch) -> list[int]:
-    """Counts the rounds that verified a token tree (the real `verify_tree` runs)."""
-    counted = []
-    real = engine_round.verify_tree
-
-    def counting(*args, **kwargs):
-        counted.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(engine_round, "verify_tree", counting)
-    return counted
-
-
 def _model(arch: str):
     if refused_here(arch):
         pytest.skip(f"{arch} needs a newer transformers here")
@@ -46,23 +32,6 @@ def _model(arch: str):
         return build(arch, seed=0)
     except UnknownArchitecture as error:
         pytest.skip(str(error))
-
-
-def _fill(cache: SuffixCache, prompt: torch.Tensor, output: list[int]) -> SuffixCache:
-    """The right continuation once, and two variants of it (each twice) that differ at a few tokens: the index's
-    most frequent continuation is wrong there, a sibling is right."""
-    for shift in (1, 2):
-        wrong = list(output)
-        for at in (3, 9, 15):
-            wrong[at] = (wrong[at] + shift) % 100 + 3
-        cache.add(prompt[0].tolist() + wrong)
-        cache.add(prompt[0].tolist() + wrong)
-    cache.add(prompt[0].tolist() + output)
-    return cache
-
-
-def _competing_cache(prompt: torch.Tensor, output: list[int]) -> SuffixCache:
-    return _fill(SuffixCache(token_trees=True), prompt, output)
 
 
 def _row(tokens: list[int]):
@@ -108,7 +77,7 @@ def test_greedy_with_trees_is_plain_decoding(arch, tree_passes):
     for seed in range(2):
         prompt = torch.randint(3, 100, (1, 10), generator=torch.Generator().manual_seed(seed))
         expected = reference_greedy(target, prompt, 24)
-        cache = _competing_cache(prompt, expected[0, 10:].tolist())
+        cache = competing_cache(prompt, expected[0, 10:].tolist())
         result = generate(target, prompt, max_new_tokens=24, suffix_cache=cache, num_assistant_tokens=6)
         assert torch.equal(result.sequences, expected), seed
     assert tree_passes, "the competing continuations must make trees"
@@ -125,7 +94,7 @@ def test_the_quantized_path_with_trees_is_exact(scheme, tree_passes):
     for seed in range(2):
         prompt = torch.randint(3, 100, (1, 10), generator=torch.Generator().manual_seed(seed))
         plain = generate(target, prompt, max_new_tokens=24, backend=backend).sequences
-        cache = _competing_cache(prompt, plain[0, 10:].tolist())
+        cache = competing_cache(prompt, plain[0, 10:].tolist())
         result = generate(target, prompt, max_new_tokens=24, backend=backend, suffix_cache=cache)
         assert torch.equal(result.sequences, plain)
     assert tree_passes
@@ -145,7 +114,7 @@ def test_a_gguf_target_with_trees_is_exact(tmp_path, tree_passes):
     target = backend.prepare(load_gguf_quantized(path, tokenizer=False).model, "target")
     prompt = torch.randint(3, 200, (1, 10), generator=torch.Generator().manual_seed(0))
     plain = generate(target, prompt, max_new_tokens=24, backend=backend).sequences
-    cache = _competing_cache(prompt, plain[0, 10:].tolist())
+    cache = competing_cache(prompt, plain[0, 10:].tolist())
     result = generate(target, prompt, max_new_tokens=24, backend=backend, suffix_cache=cache)
     assert torch.equal(result.sequences, plain)
     assert tree_passes
@@ -158,7 +127,7 @@ def test_where_trees_are_refused_the_chain_serves(case, tree_passes):
     expected = [reference_greedy(target, prompt, 20) for prompt in prompts]
     cache = SuffixCache(token_trees=case != "trees off")
     for prompt, output in zip(prompts, expected):
-        _fill(cache, prompt, output[0, 8:].tolist())
+        fill_competing(cache, prompt, output[0, 8:].tolist())
     result = generate(target, torch.cat(prompts), max_new_tokens=20, suffix_cache=cache,
                       static_shapes=case == "static shapes", num_assistant_tokens=4)  # fmt: skip
     for b, output in enumerate(expected):
@@ -173,7 +142,7 @@ def test_seeded_sampling_with_trees_repeats_itself(tree_passes):
     output = reference_greedy(target, prompt, 20)[0, 8:].tolist()
 
     def sample() -> torch.Tensor:
-        cache = _competing_cache(prompt, output)
+        cache = competing_cache(prompt, output)
         return generate(target, prompt, max_new_tokens=20, do_sample=True, seed=5, suffix_cache=cache).sequences
 
     assert torch.equal(sample(), sample())
@@ -209,7 +178,7 @@ def test_the_adaptive_schedule_prices_tree_rounds_by_their_path(tree_passes):
     target = tiny_model("llama", seed=0)
     prompt = random_prompt(8, 3)
     expected = reference_greedy(target, prompt, 60)
-    cache = _competing_cache(prompt, expected[0, 8:].tolist())
+    cache = competing_cache(prompt, expected[0, 8:].tolist())
     result = generate(
         target, prompt, max_new_tokens=60, suffix_cache=cache, schedule="adaptive", num_assistant_tokens=3
     )

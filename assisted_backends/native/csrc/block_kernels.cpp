@@ -13,10 +13,11 @@
 //
 // The vector tiles live in block_tile_avx512.cpp, block_tile_avx2.cpp and block_tile_amx.cpp (one instantiation
 // per format kind and row count, block_layout.h); the AMX path runs passes of at least `block_amx_min_rows` rows
-// (up to 16 a pass) on AMX tiles and shorter ones on the AVX-512 tile; this file holds the scalar reference path, the ops, and the threading: a
-// persistent pool (tile_pool.h) that a call's helpers join when they wake, activation quantization split across
-// them (by blocks of 32 columns) when it is large, then whole tiles handed out dynamically; a tile's outputs for all M rows are computed by the thread that took it, in one
-// fixed order, so neither M nor the thread count nor the hand-out changes a bit.
+// (up to 16 a pass) on AMX tiles and the others on the AVX-512 tile (`next_pass`). This file holds the scalar
+// reference path, the ops, and the threading: a persistent pool (tile_pool.h) that a call's helpers join when they
+// wake, activation quantization split across them (by blocks of 32 columns) when it is large, then whole tiles
+// handed out dynamically; a tile's outputs for all M rows are computed by the thread that took it, in one fixed
+// order, so neither M nor the thread count nor the hand-out changes a bit.
 //
 // Stored form (made by assisted_backends/quantized/blocks.py), N padded to tiles of 16 rows:
 //   codes  uint8 [T, groups, 256 | 320 | 192 | G·16]  per tile and group, chunks of 4 columns x 16 rows:
@@ -190,14 +191,26 @@ void fill_neutral(int kind, Weights& w, int64_t tiles, std::vector<at::Tensor>& 
   if (!w.mn) keep.push_back(at::ones({tiles * w.groups * kTile}, at::kChar)), w.mn = keep.back().data_ptr<int8_t>();
 }
 
-TileFn pick(int64_t isa, int kind, int rows) {
-  if (isa == ab_cpu::kAmxModelPath) return pick_amx_model(kind, rows);
-  if (isa == ab_cpu::kAmxPath) {
-    return rows >= g_amx_min_rows.load(std::memory_order_relaxed) ? pick_amx(kind, rows) : pick_avx512(kind, rows);
+// The next pass over a tile's activation rows: its tile (nullptr: the scalar path) and how many of the `remaining`
+// rows it takes. The AMX path takes up to 16 on AMX tiles where at least `block_amx_min_rows` remain, else the
+// AVX-512 tile's 8; the AMX model hands off the same way, so the suite tests the real path's hand-off too.
+struct Pass {
+  TileFn tile;
+  int rows;
+};
+
+Pass next_pass(int64_t isa, int kind, int64_t remaining) {
+  const bool amx = isa == ab_cpu::kAmxPath || isa == ab_cpu::kAmxModelPath;
+  if (amx) {
+    const int rows = int(std::min<int64_t>(kAmxRowsPerPass, remaining));
+    if (rows >= g_amx_min_rows.load(std::memory_order_relaxed))
+      return {isa == ab_cpu::kAmxPath ? pick_amx(kind, rows) : pick_amx_model(kind, rows), rows};
   }
-  if (isa == ab_cpu::kAvx512VnniPath) return pick_avx512(kind, rows);
-  if (isa == ab_cpu::kAvxVnniPath) return pick_avxvnni(kind, rows);
-  return pick_avx2(kind, rows);
+  const int rows = int(std::min<int64_t>(kRowsPerPass, remaining));
+  if (isa == ab_cpu::kScalarPath) return {nullptr, rows};
+  if (amx || isa == ab_cpu::kAvx512VnniPath) return {pick_avx512(kind, rows), rows};
+  if (isa == ab_cpu::kAvxVnniPath) return {pick_avxvnni(kind, rows), rows};
+  return {pick_avx2(kind, rows), rows};
 }
 
 // Reused activation buffers (one set per calling thread; grown, never shrunk).
@@ -234,8 +247,6 @@ void run(const Weights& w, int64_t isa, const float* x, int64_t m, float* y) {
   const Activations a = buffers.fit(m, w.k);
   const int64_t tiles = (w.n + kTile - 1) / kTile, units = m * (w.k / kBlock);
   const bool vector = isa != ab_cpu::kScalarPath;
-  const bool amx = isa == ab_cpu::kAmxPath || isa == ab_cpu::kAmxModelPath;
-  const int64_t per_pass = amx ? kAmxRowsPerPass : kRowsPerPass;
   const int kind = kind_of(w);
   // A thread for every ~64 KB of weights at most: a small layer is not worth a second thread's wake-up.
   const int64_t bytes = tiles * w.groups * w.group_bytes() * (1 + (m - 1) / kRowsPerPass);
@@ -267,13 +278,14 @@ void run(const Weights& w, int64_t isa, const float* x, int64_t m, float* y) {
       const int64_t end = std::min(tiles, begin + chunk);
       taken += end - begin;
       for (int64_t t = begin; t < end; ++t) {
-        for (int64_t m0 = 0; m0 < m; m0 += per_pass) {
-          const int rows = int(std::min<int64_t>(per_pass, m - m0));
-          if (vector) {
-            pick(isa, kind, rows)(w, a, t, m0, y);
+        for (int64_t m0 = 0; m0 < m;) {
+          const Pass pass = next_pass(isa, kind, m - m0);
+          if (pass.tile) {
+            pass.tile(w, a, t, m0, y);
           } else {
-            tile_scalar(w, a, t, m0, rows, y);
+            tile_scalar(w, a, t, m0, pass.rows, y);
           }
+          m0 += pass.rows;
         }
       }
     }

@@ -54,8 +54,8 @@ SOURCE = CSRC / "block_kernels.cpp"
 SOURCES = (SOURCE, CSRC / "block_tile_avx512.cpp", CSRC / "block_tile_avx2.cpp", CSRC / "block_tile_amx.cpp",
            CSRC / "row_attention.cpp")  # fmt: skip
 #: row_math.h: the arithmetic the kernels share with the native decoder (its build key hashes it too)
-HEADERS = (CSRC / "block_layout.h", CSRC / "cpu_features.h", CSRC / "tile_pool.h", CSRC / "block_tile_avx2.inc",
-           CSRC / "row_math.h")  # fmt: skip
+HEADERS = (CSRC / "block_layout.h", CSRC / "block_avx512.h", CSRC / "cpu_features.h", CSRC / "tile_pool.h",
+           CSRC / "block_tile_avx2.inc", CSRC / "row_math.h")  # fmt: skip
 LIBRARY = "assisted_backends_block_kernels"
 ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni", "amx", "amxmodel")  # the C++ enum's order (cpu_features.h)
 #: CPUID features as /proc/cpuinfo names them, in the bit order of csrc/cpu_features.h

@@ -77,6 +77,28 @@ struct RowsAt {
   }
 };
 
+// Where tile t's streams start for a kind K (below): its codes, the super-blocks' d and dmin, the groups' sc and mn
+// (nullptr where K has none), the loop bounds (a kind whose super-blocks are single groups loops over the groups),
+// and the correction times Σ q_x that v = u − 128 (8 bits) or q − offset asks for.
+template <class K>
+struct TileStreams {
+  int64_t groups, supers, sb;
+  const uint8_t* codes;
+  const uint16_t *d, *dmin;
+  const int8_t *sc, *mn;
+  int32_t correction;
+  TileStreams(const Weights& w, int64_t t)
+      : groups(w.groups),
+        supers(K::SB1 ? w.groups : w.supers),
+        sb(K::SB1 ? 1 : w.sb),
+        codes(w.codes + t * w.groups * K::GROUP_BYTES),
+        d(w.d + t * supers * kTile),
+        dmin(K::MIN ? w.dmin + t * supers * kTile : nullptr),
+        sc(K::SC ? w.sc + t * w.groups * kTile : nullptr),
+        mn(K::MN ? w.mn + t * w.groups * kTile : nullptr),
+        correction(K::BITS == 8 ? 128 : w.offset) {}
+};
+
 // A format's shape as the tile sees it at compile time (no branch on the format inside the loop):
 // BITS stored (4; 5: nibbles and a plane of fifth bits; 6: pairs of 16-column groups as nibbles and a plane of
 // two high bits; 8), 16-column groups, per-group multiplier sc, zeros
@@ -134,16 +156,9 @@ void quantize_blocks_avx2(const float* x, int64_t k, int64_t begin, int64_t end,
     default: return FN<KIND, 8>;                              \
   }
 
+// Rows 9-16 for the AMX tile (at most 16 rows a pass), then AB_ROW_TABLE's 1-8.
 #define AB_ROW_TABLE16(KIND, FN)                              \
   switch (rows) {                                             \
-    case 1: return FN<KIND, 1>;                               \
-    case 2: return FN<KIND, 2>;                               \
-    case 3: return FN<KIND, 3>;                               \
-    case 4: return FN<KIND, 4>;                               \
-    case 5: return FN<KIND, 5>;                               \
-    case 6: return FN<KIND, 6>;                               \
-    case 7: return FN<KIND, 7>;                               \
-    case 8: return FN<KIND, 8>;                               \
     case 9: return FN<KIND, 9>;                               \
     case 10: return FN<KIND, 10>;                             \
     case 11: return FN<KIND, 11>;                             \
@@ -151,26 +166,28 @@ void quantize_blocks_avx2(const float* x, int64_t k, int64_t begin, int64_t end,
     case 13: return FN<KIND, 13>;                             \
     case 14: return FN<KIND, 14>;                             \
     case 15: return FN<KIND, 15>;                             \
-    default: return FN<KIND, 16>;                             \
-  }
+    case 16: return FN<KIND, 16>;                             \
+    default: break;                                           \
+  }                                                           \
+  AB_ROW_TABLE(KIND, FN)
 
 #define AB_KIND_TABLE(FN, PAIR_FN) AB_KIND_TABLE_OF(AB_ROW_TABLE, FN, PAIR_FN)
 
 #define AB_KIND_TABLE_OF(ROW_TABLE, FN, PAIR_FN)              \
   switch (kind) {                                             \
-    case kQ4_0: ROW_TABLE(KQ4_0, FN)                       \
-    case kQ4_1: ROW_TABLE(KQ4_1, FN)                       \
-    case kQ4_K: ROW_TABLE(KQ4_K, FN)                       \
-    case kG4: ROW_TABLE(KG4, FN)                           \
-    case kQ5_0: ROW_TABLE(KQ5_0, FN)                       \
-    case kQ5_1: ROW_TABLE(KQ5_1, FN)                       \
-    case kQ5_K: ROW_TABLE(KQ5_K, FN)                       \
-    case kQ6_K: ROW_TABLE(KQ6_K, PAIR_FN)                  \
-    case kQ8_0: ROW_TABLE(KQ8_0, FN)                       \
-    case k8Min: ROW_TABLE(K8Min, FN)                       \
-    case kG8: ROW_TABLE(KG8, FN)                           \
-    case k8G16: ROW_TABLE(K8G16, FN)                       \
-    default: ROW_TABLE(KG8_16, FN)                         \
+    case kQ4_0: ROW_TABLE(KQ4_0, FN)                          \
+    case kQ4_1: ROW_TABLE(KQ4_1, FN)                          \
+    case kQ4_K: ROW_TABLE(KQ4_K, FN)                          \
+    case kG4: ROW_TABLE(KG4, FN)                              \
+    case kQ5_0: ROW_TABLE(KQ5_0, FN)                          \
+    case kQ5_1: ROW_TABLE(KQ5_1, FN)                          \
+    case kQ5_K: ROW_TABLE(KQ5_K, FN)                          \
+    case kQ6_K: ROW_TABLE(KQ6_K, PAIR_FN)                     \
+    case kQ8_0: ROW_TABLE(KQ8_0, FN)                          \
+    case k8Min: ROW_TABLE(K8Min, FN)                          \
+    case kG8: ROW_TABLE(KG8, FN)                              \
+    case k8G16: ROW_TABLE(K8G16, FN)                          \
+    default: ROW_TABLE(KG8_16, FN)                            \
   }
 
 }  // namespace ab_blocks

@@ -21,12 +21,12 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "block_avx512.h"
 #include "block_layout.h"
 
 namespace ab_blocks {
 namespace {
 
-#define AB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,avx2,fma")))
 
 constexpr int kChunkGroups = 16;  // groups whose dot products run before their scales are applied
 constexpr int kC0 = 0, kA0 = 1, kB0 = 2, kC1 = 3, kA1 = 4, kB1 = 5;  // two sets of C, A, B tiles
@@ -127,53 +127,12 @@ struct TileModel {
   static void release() {}
 };
 
-AB_AVX512 inline __m512 halves16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-AB_AVX512 inline __m512 bytes16(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-
-// A 32-column group of 4 or 5 bits as 8 B rows of unsigned bytes q (block_tile_avx512.cpp's unpacking).
-template <int BITS>
-AB_AVX512 inline void unpack_group(const uint8_t* group, uint8_t* out) {
-  const __m512i low = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
-  for (int c = 0; c < 4; ++c) {
-    const __m512i packed = _mm512_loadu_si512(group + 64 * c);
-    __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-    if (BITS == 5) {
-      uint64_t bits_lo, bits_hi;
-      std::memcpy(&bits_lo, group + 256 + 8 * c, 8);
-      std::memcpy(&bits_hi, group + 256 + 8 * (c + 4), 8);
-      lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(bits_lo), lo, fifth);
-      hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(bits_hi), hi, fifth);
-    }
-    _mm512_store_si512(out + 64 * c, lo);
-    _mm512_store_si512(out + 64 * (c + 4), hi);
-  }
-}
-
-template <int C>
-AB_AVX512 inline __m512i high_bits(__m512i plane) {  // chunk C's two bits moved to bits 4-5 of each byte
-  const __m512i moved = C < 2 ? _mm512_slli_epi16(plane, 4 - 2 * C) : _mm512_srli_epi16(plane, 2 * C - 4);
-  return _mm512_and_si512(moved, _mm512_set1_epi8(0x30));
-}
-
-// A Q6_K unit (groups 2p and 2p + 1, 384 bytes) as 8 B rows: rows 0-3 group 2p, rows 4-7 group 2p + 1.
-AB_AVX512 inline void unpack_pair(const uint8_t* unit, uint8_t* out) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  const __m512i plane0 = _mm512_loadu_si512(unit + 256), plane1 = _mm512_loadu_si512(unit + 320);
-  const __m512i p0 = _mm512_loadu_si512(unit), p1 = _mm512_loadu_si512(unit + 64);
-  const __m512i p2 = _mm512_loadu_si512(unit + 128), p3 = _mm512_loadu_si512(unit + 192);
-  _mm512_store_si512(out + 0, _mm512_or_si512(_mm512_and_si512(p0, low), high_bits<0>(plane0)));
-  _mm512_store_si512(out + 64, _mm512_or_si512(_mm512_and_si512(p1, low), high_bits<1>(plane0)));
-  _mm512_store_si512(out + 128, _mm512_or_si512(_mm512_and_si512(p2, low), high_bits<2>(plane0)));
-  _mm512_store_si512(out + 192, _mm512_or_si512(_mm512_and_si512(p3, low), high_bits<3>(plane0)));
-  _mm512_store_si512(out + 256, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p0, 4), low), high_bits<0>(plane1)));
-  _mm512_store_si512(out + 320, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p1, 4), low), high_bits<1>(plane1)));
-  _mm512_store_si512(out + 384, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p2, 4), low), high_bits<2>(plane1)));
-  _mm512_store_si512(out + 448, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(p3, 4), low), high_bits<3>(plane1)));
+// Stored codes unpacked (block_avx512.h) into 8 rows of 64 unsigned bytes: a B operand in memory.
+template <void (*UNPACK)(const uint8_t*, __m512i*)>
+AB_AVX512 inline void to_buffer(const uint8_t* codes, uint8_t* out) {
+  __m512i wv[8];
+  UNPACK(codes, wv);
+  for (int c = 0; c < 8; ++c) _mm512_store_si512(out + 64 * c, wv[c]);
 }
 
 // The integer sums of `count` groups from g0 (count even for Q6_K, whose units hold two), for ROWS activation rows:
@@ -189,7 +148,7 @@ AB_AVX512 inline void group_sums(const uint8_t* codes, const int8_t* x, int64_t 
       const uint8_t* unit = codes + (g >> 1) * 2 * K::GROUP_BYTES;
       for (int64_t line = 0; line < 2 * K::GROUP_BYTES; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(unit + prefetch + line), _MM_HINT_T0);
-      unpack_pair(unit, unpacked[0]);
+      to_buffer<unpack_pair>(unit, unpacked[0]);
       b0 = unpacked[0], b1 = unpacked[0] + 256;
     } else {
       const uint8_t* group = codes + g * K::GROUP_BYTES;
@@ -198,8 +157,8 @@ AB_AVX512 inline void group_sums(const uint8_t* codes, const int8_t* x, int64_t 
       if (K::BITS == 8) {
         b0 = group, b1 = group + K::GROUP_BYTES;
       } else {
-        unpack_group<K::BITS>(group, unpacked[0]);
-        if (second) unpack_group<K::BITS>(group + K::GROUP_BYTES, unpacked[1]);
+        to_buffer<unpack_group<K::BITS>>(group, unpacked[0]);
+        if (second) to_buffer<unpack_group<K::BITS>>(group + K::GROUP_BYTES, unpacked[1]);
         b0 = unpacked[0], b1 = unpacked[1];
       }
     }
@@ -218,35 +177,19 @@ AB_AVX512 inline void group_sums(const uint8_t* codes, const int8_t* x, int64_t 
   }
 }
 
-// One group's scales on its sums, in `tile`'s operations and order (block_tile_avx512.cpp).
+// One group's scales on its sums (block_avx512.h: the AVX-512 tile's own operations and order).
 template <class K, int ROWS>
-AB_AVX512 inline void apply_scales(const RowsAt<ROWS>& in, int64_t g, const int32_t (*isums)[16], __m512 d,
-                                   __m512 dmin, const int8_t* scp, const int8_t* mnp, int32_t correction,
-                                   __m512* acc) {
-  __m512 scale = d;
-  if (K::SC) scale = _mm512_mul_ps(d, bytes16(scp + g * kTile));
-  __m512 zero = dmin;
-  if (K::MN) zero = _mm512_mul_ps(dmin, bytes16(mnp + g * kTile));
-  const int64_t b = K::G16 ? g >> 1 : g;
-  for (int r = 0; r < ROWS; ++r) {
-    __m512i isum = _mm512_load_si512(isums[r]);
-    if (K::BITS == 8 || K::OFF) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(correction * in.sums[r][g]));
-    const __m512 term = _mm512_mul_ps(_mm512_mul_ps(scale, _mm512_set1_ps(in.dx[r][b])), _mm512_cvtepi32_ps(isum));
-    acc[r] = _mm512_add_ps(acc[r], term);
-    if (K::MIN) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(zero, _mm512_set1_ps(in.zx[r][b])));
-  }
+AB_AVX512 inline void apply_scales(const TileStreams<K>& st, const RowsAt<ROWS>& in, int64_t g,
+                                   const int32_t (*isums)[16], __m512 d, __m512 dmin, __m512* acc) {
+  __m512 scale, zero;
+  group_scales<K>(st, g, d, dmin, scale, zero);
+  for (int r = 0; r < ROWS; ++r)
+    acc[r] = add_group<K, ROWS>(st, in, r, g, _mm512_load_si512(isums[r]), scale, zero, acc[r]);
 }
 
 template <class K, class T, int ROWS>
 AB_AVX512 void amx_tile(const Weights& w, const Activations& a, int64_t t, int64_t m0, float* y) {
-  constexpr int64_t kGroupBytes = K::GROUP_BYTES;
-  const int64_t groups = w.groups, supers = K::SB1 ? w.groups : w.supers, sb = K::SB1 ? 1 : w.sb;
-  const uint8_t* codes = w.codes + t * groups * kGroupBytes;
-  const uint16_t* dp = w.d + t * supers * kTile;
-  const uint16_t* mp = K::MIN ? w.dmin + t * supers * kTile : nullptr;
-  const int8_t* scp = K::SC ? w.sc + t * groups * kTile : nullptr;
-  const int8_t* mnp = K::MN ? w.mn + t * groups * kTile : nullptr;
-  const int32_t correction = K::BITS == 8 ? 128 : w.offset;
+  const TileStreams<K> st(w, t);
   const RowsAt<ROWS> in(a, m0, K::G16);
   alignas(64) uint8_t unpacked[2][512];
   alignas(64) int32_t sums[kChunkGroups][ROWS][16];
@@ -255,30 +198,28 @@ AB_AVX512 void amx_tile(const Weights& w, const Activations& a, int64_t t, int64
   for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
   const __m512 none = _mm512_setzero_ps();
   if (K::SB1) {  // a scale (and zero) per group: chunks of groups
-    for (int64_t g0 = 0; g0 < groups; g0 += kChunkGroups) {
-      const int count = int(groups - g0 < kChunkGroups ? groups - g0 : kChunkGroups);
-      group_sums<K, T, ROWS>(codes, in.xq[0], a.k, g0, count, w.prefetch, unpacked, sums);
+    for (int64_t g0 = 0; g0 < st.groups; g0 += kChunkGroups) {
+      const int count = int(st.groups - g0 < kChunkGroups ? st.groups - g0 : kChunkGroups);
+      group_sums<K, T, ROWS>(st.codes, in.xq[0], a.k, g0, count, w.prefetch, unpacked, sums);
       for (int j = 0; j < count; ++j) {
         const int64_t g = g0 + j;
-        apply_scales<K, ROWS>(in, g, sums[j], halves16(dp + g * kTile), K::MIN ? halves16(mp + g * kTile) : none, scp,
-                              mnp, correction, acc);
+        const __m512 d = halves16(st.d + g * kTile), dmin = K::MIN ? halves16(st.dmin + g * kTile) : none;
+        apply_scales<K, ROWS>(st, in, g, sums[j], d, dmin, acc);
       }
     }
   } else {  // a scale per super-block of sb groups, each group's multipliers: chunks within a super-block
     int64_t g = 0;
-    for (int64_t s = 0; s < supers; ++s) {
-      const __m512 d = halves16(dp + s * kTile), dmin = K::MIN ? halves16(mp + s * kTile) : none;
-      for (int64_t j0 = 0; j0 < sb; j0 += kChunkGroups) {
-        const int count = int(sb - j0 < kChunkGroups ? sb - j0 : kChunkGroups);
-        group_sums<K, T, ROWS>(codes, in.xq[0], a.k, g, count, w.prefetch, unpacked, sums);
-        for (int j = 0; j < count; ++j, ++g) apply_scales<K, ROWS>(in, g, sums[j], d, dmin, scp, mnp, correction, acc);
+    for (int64_t s = 0; s < st.supers; ++s) {
+      const __m512 d = halves16(st.d + s * kTile), dmin = K::MIN ? halves16(st.dmin + s * kTile) : none;
+      for (int64_t j0 = 0; j0 < st.sb; j0 += kChunkGroups) {
+        const int count = int(st.sb - j0 < kChunkGroups ? st.sb - j0 : kChunkGroups);
+        group_sums<K, T, ROWS>(st.codes, in.xq[0], a.k, g, count, w.prefetch, unpacked, sums);
+        for (int j = 0; j < count; ++j, ++g) apply_scales<K, ROWS>(st, in, g, sums[j], d, dmin, acc);
       }
     }
   }
   T::release();
-  const int64_t valid = w.n - t * kTile;
-  const __mmask16 mask = valid >= kTile ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
-  for (int r = 0; r < ROWS; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * w.n + t * kTile, mask, acc[r]);
+  store<ROWS>(w, t, m0, acc, y);
 }
 
 template <class K, int ROWS>

@@ -16,6 +16,7 @@ from functools import cache
 
 import pytest
 import torch
+from suffix_fixtures import competing_cache, needs_layered_caches
 from tiny_models import ARCHITECTURES, noisy_copy, random_prompt, reference_greedy, tiny_model
 from transformers import LlamaForCausalLM
 
@@ -193,11 +194,10 @@ def test_long_feeds_and_dynamic_caches_run_eagerly():
     assert wrapper.graphs.stats.captures == 0 and wrapper.graphs.stats.eager_calls == 4
 
 
+@needs_layered_caches
 def test_a_graph_wrapped_target_verifies_token_trees_on_the_dynamic_layout(tree_passes):
     """The backend wraps every capturable model for graphs; on the dynamic layout a tree pass calls the model it
     wrapped (the first H200 run found trees refused behind the wrapper); the static layout verifies chains."""
-    from suffix_fixtures import competing_cache
-
     target, _ = pair("llama")
     prompt = random_prompt(10, seed=0)
     reference = reference_greedy(target, prompt, 24)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from suffix_fixtures import competing_cache
+from suffix_fixtures import competing_cache, needs_layered_caches
 from tiny_models import random_prompt, tiny_model
 
 from assisted_backends import generate
@@ -31,6 +31,7 @@ def _greedy(model, prompt: torch.Tensor) -> torch.Tensor:
                               pad_token_id=0)  # fmt: skip
 
 
+@needs_layered_caches
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("layout", ["dynamic", None], ids=["trees", "graphs"])
 def test_suffix_decoding_on_the_gpu_is_the_targets_own_greedy(arch, layout, tree_passes):

@@ -8,9 +8,8 @@ import pytest
 import torch
 from architectures import UnknownArchitecture, build, refused_here
 from stats_tools import NEW, PROMPT, V, assert_same_distribution, exact_joint, sample_counts
-from suffix_fixtures import competing_cache, fill_competing
+from suffix_fixtures import competing_cache, fill_competing, needs_layered_caches
 from tiny_models import random_prompt, reference_greedy, tiny_model
-from transformers import DynamicCache
 from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper
 
 from assisted_backends import generate
@@ -18,10 +17,6 @@ from assisted_backends.drafters.suffix import SuffixCache
 from assisted_backends.drafters.suffix.automaton import SuffixAutomaton
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-needs_layered_caches = pytest.mark.skipif(
-    not hasattr(DynamicCache(), "layers"),
-    reason="token trees need transformers >= 4.54 (per-layer caches); before it they are refused and the chain runs",
-)
 TREE_ARCHS = ("llama", "qwen3_moe", "gemma", "phi", "gpt_neox", "opt", "falcon", "gpt2")
 
 
@@ -149,6 +144,7 @@ def test_seeded_sampling_with_trees_repeats_itself(tree_passes):
     assert tree_passes
 
 
+@needs_layered_caches
 @pytest.mark.slow
 def test_sampling_with_trees_matches_plain_sampling(tree_passes):
     """The exact-enumeration χ² test (false alarms ≤ 1e-3) with a cache whose every state branches: each round

@@ -2,14 +2,14 @@
 //
 // A group's stored codes are already an AMX B operand: chunk c (64 bytes: 4 columns x 16 rows) is row c of B in
 // the VNNI layout TDPBSUD reads (row i holds columns 4i..4i+3 of each of the 16 outputs). 8-bit groups are loaded
-// straight from the weights; 4-, 5- and 6-bit ones are unpacked into a 512-byte buffer first, with the AVX-512
-// tile's instructions. The activations' 32 (or 16) columns of the group, for every row of the pass, are the A
+// straight from the weights; 4-, 5- and 6-bit ones are unpacked into a 512-byte buffer first (block_avx512.h, the
+// AVX-512 tile's own unpacking). The activations' 32 (or 16) columns of the group, for every row of the pass, are the A
 // operand (signed bytes, stride K), so C[r, n] = Σ_k q_x[r, k] · u[n, k] is the AVX-512 tile's integer sum, exact.
 // Per chunk of groups (a super-block, at most 16 groups) the dot products run first, two groups in flight on
-// tiles 0-2 and 3-5, their int32 results stored to a buffer; then each group's sums meet its scales in the same
-// fp32 operations, in the same order, as block_tile_avx512.cpp's `tile`: the same bits, for every row count.
+// tiles 0-2 and 3-5, their int32 results stored to a buffer; then each group's sums meet its scales in the AVX-512
+// tile's own fp32 step (block_avx512.h `add_group`): the same bits, for every row count.
 //
-// `Tiles` is the instruction set: `Amx` the real instructions (as assembly), `TileModel` a software
+// The template parameter T is the instruction set: `Amx` the real instructions (as assembly), `TileModel` a software
 // model of the same five (configure, load, zero, dot product, store) that checks the tile shapes as the hardware
 // requires them; the model lets every CPU with AVX-512 VNNI test this file bit for bit (the "amxmodel" path).
 // Everything here has internal linkage except pick_amx and pick_amx_model (see block_layout.h on target flags).

@@ -275,8 +275,9 @@ def test_refill_needs_fewer_target_passes_than_fixed_batches():
 
 
 def test_graph_capture_survives_joining_prompt_passes():
-    """CUDA graphs (the backend's bookkeeping on CPU, tests/backends/test_cuda_graphs.py): a joining prompt's pass runs on
-    a cache of its own, once, eagerly; the batch's captured verify and draft steps are kept, not captured again."""
+    """CUDA graphs (the backend's bookkeeping on CPU, tests/backends/test_cuda_graphs.py): a joining prompt's pass
+    runs on a cache of its own, once, eagerly; the batch's captured verify and draft steps are kept, not captured
+    again."""
     from test_cuda_graphs import CUDABackendOnCPU, graphs_of
 
     target, draft = pair("llama")

@@ -117,7 +117,8 @@ def test_two_cpu_ranks_match_one_process_and_hold_half_the_sharded_weights(tmp_p
 
     out_dir = tmp_path / "ranks"
     out_dir.mkdir()
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(str(p) for p in Path(__file__).resolve().parents[:2]))
+    python_path = os.pathsep.join(str(p) for p in Path(__file__).resolve().parents[:2])
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=python_path)
     command = [
         *_two_rank_launcher(),
         __file__,

@@ -1,6 +1,7 @@
 """Batch and thread invariance of the package's kernels where it is assumed, and the activations' edge cases.
 
 - Two threads really run (the op reports how many took tiles) and give the bits of one, on every path.
+- A layer takes a second thread only from ten grains (640 KB) of weights up.
 - A quantized model's verify pass equals its one-token steps and its greedy output is the same at 1 and 2
   threads (the kernels' per-thread minimum of work lowered so the tiny model's layers do split).
 - A NaN or an infinity in an activation row makes that row's outputs NaN, as the dense product's are
@@ -155,6 +156,26 @@ def test_a_quantized_model_is_the_same_at_one_and_two_threads():
     assert all(torch.equal(a, b) for a, b in zip(outputs[1], outputs[2]))
 
 
+def _threads_seen(weight: blocks.BlockWeight, x: torch.Tensor) -> set[int]:
+    """How many threads took tiles in each call, calling until two did or 10 s passed (a helper may wake late)."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and 2 not in seen:
+        weight.matmul(x)
+        seen.add(int(torch.ops.assisted_backends.block_threads_used()))
+    return seen
+
+
+def test_a_layer_takes_a_second_thread_only_from_ten_grains_up():
+    """At the default grain (64 KB), a layer under 640 KB runs on one thread (one was faster, measured: the comment
+    at kGrainsForASecondThread in block_kernels.cpp), a bigger one on two."""
+    x = torch.randn(1, 1024)
+    small, big = _weight("Q4_0", 576, 1024), _weight("Q4_0", 1536, 1024)  # 324 KB, 864 KB
+    with threads_and_grain(2):
+        assert _threads_seen(small, x) == {1}
+        assert max(_threads_seen(big, x)) == 2
+
+
 def test_two_threads_split_a_tiny_models_layers_when_the_grain_allows():
     weight = blocks.from_float(torch.randn(64, 128, generator=torch.Generator().manual_seed(4)), 4)
     x = torch.randn(2, 128)
@@ -162,11 +183,7 @@ def test_two_threads_split_a_tiny_models_layers_when_the_grain_allows():
         weight.matmul(x)
         assert int(torch.ops.assisted_backends.block_threads_used()) == 1  # 16 KB: not worth a second thread
     with threads_and_grain(2, min_bytes=1):
-        seen = set()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and 2 not in seen:
-            weight.matmul(x)
-            seen.add(int(torch.ops.assisted_backends.block_threads_used()))
+        seen = _threads_seen(weight, x)
         assert max(seen) == 2, seen
 
 

@@ -64,6 +64,10 @@ int64_t prefetch_from_environment() {
 std::atomic<int64_t> g_prefetch{prefetch_from_environment()};
 std::atomic<int64_t> g_threads_used{0};  // threads that took tiles in this process's last block_linear call
 std::atomic<int64_t> g_bytes_per_thread{65536};  // weight bytes a thread at least (block_min_bytes_per_thread)
+// A layer takes a second thread only from this many grains up: below ~640 KB one thread is faster, measured per
+// call on cold copies (Zen 4 VM, 2 threads: 182 KB 0.86x, 576 KB 0.94x, 864 KB 1.13x, 3.4 MB 1.43x one thread's
+// speed; the AMX Xeon: 187 KB slower at 2-16 threads, 1 MB 2.1x faster at 8-16).
+constexpr int64_t kGrainsForASecondThread = 10;
 // The AMX path's shortest pass on AMX tiles (block_amx_min_rows): 16, a full tile, where AMX paid on the Xeon
 // measured (`benchmarks.block_kernels --paths avx512vnni amx`: 0.62-1.04x the AVX-512 tile's speed at 1-8 rows,
 // 0.74-1.14x at 16).
@@ -248,11 +252,13 @@ void run(const Weights& w, int64_t isa, const float* x, int64_t m, float* y) {
   const int64_t tiles = (w.n + kTile - 1) / kTile, units = m * (w.k / kBlock);
   const bool vector = isa != ab_cpu::kScalarPath;
   const int kind = kind_of(w);
-  // A thread for every ~64 KB of weights at most: a small layer is not worth a second thread's wake-up.
+  // A thread for every grain (64 KB) of weights at most, and one alone below kGrainsForASecondThread grains: a
+  // small layer is not worth the helpers' hand-offs.
   const int64_t bytes = tiles * w.groups * w.group_bytes() * (1 + (m - 1) / kRowsPerPass);
   const int64_t per_thread = std::max<int64_t>(1, g_bytes_per_thread.load(std::memory_order_relaxed));
-  int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  threads = std::max<int64_t>(1, std::min<int64_t>({threads, tiles, std::max<int64_t>(1, bytes / per_thread)}));
+  const bool alone = at::in_parallel_region() || bytes < kGrainsForASecondThread * per_thread;
+  int64_t threads = alone ? 1 : at::get_num_threads();
+  threads = std::max<int64_t>(1, std::min<int64_t>({threads, tiles, bytes / per_thread}));
   const int64_t chunk = std::max<int64_t>(1, tiles / (16 * threads));  // tiles a grab
   constexpr int64_t kUnitsAlone = 1024, kUnitChunk = 128;  // activation blocks: the caller's alone below this
   const bool split = threads > 1 && units >= kUnitsAlone;

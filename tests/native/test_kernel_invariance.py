@@ -169,8 +169,10 @@ def _threads_seen(weight: blocks.BlockWeight, x: torch.Tensor) -> set[int]:
 def test_a_layer_takes_a_second_thread_only_from_ten_grains_up():
     """At the default grain (64 KB), a layer under 640 KB runs on one thread (one was faster, measured: the comment
     at kGrainsForASecondThread in block_kernels.cpp), a bigger one on two."""
-    x = torch.randn(1, 1024)
-    small, big = _weight("Q4_0", 576, 1024), _weight("Q4_0", 1536, 1024)  # 324 KB, 864 KB
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 1024, generator=generator)
+    small, big = (blocks.from_float(torch.randn(n, 1024, generator=generator), 4) for n in (576, 1536))
+    assert small.nbytes < 640 * 1024 < big.nbytes  # 360 KiB, 960 KiB
     with threads_and_grain(2):
         assert _threads_seen(small, x) == {1}
         assert max(_threads_seen(big, x)) == 2

@@ -1,7 +1,7 @@
 """Batch and thread invariance of the package's kernels where it is assumed, and the activations' edge cases.
 
 - Two threads really run (the op reports how many took tiles) and give the bits of one, on every path.
-- A layer takes a second thread only from ten grains (640 KB) of weights up.
+- A layer takes a second thread only from ten grains (640 KiB) of weights up.
 - A quantized model's verify pass equals its one-token steps and its greedy output is the same at 1 and 2
   threads (the kernels' per-thread minimum of work lowered so the tiny model's layers do split).
 - A NaN or an infinity in an activation row makes that row's outputs NaN, as the dense product's are
@@ -167,7 +167,7 @@ def _threads_seen(weight: blocks.BlockWeight, x: torch.Tensor) -> set[int]:
 
 
 def test_a_layer_takes_a_second_thread_only_from_ten_grains_up():
-    """At the default grain (64 KB), a layer under 640 KB runs on one thread (one was faster, measured: the comment
+    """At the default grain (64 KB), a layer under 640 KiB runs on one thread (one was faster, measured: the comment
     at kGrainsForASecondThread in block_kernels.cpp), a bigger one on two."""
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(1, 1024, generator=generator)

@@ -65,8 +65,8 @@ std::atomic<int64_t> g_prefetch{prefetch_from_environment()};
 std::atomic<int64_t> g_threads_used{0};  // threads that took tiles in this process's last block_linear call
 std::atomic<int64_t> g_bytes_per_thread{65536};  // weight bytes a thread at least (block_min_bytes_per_thread)
 // A layer takes a second thread only from this many grains up: below ~640 KB one thread is faster, measured per
-// call on cold copies (Zen 4 VM, 2 threads: 182 KB 0.86x, 576 KB 0.94x, 864 KB 1.13x, 3.4 MB 1.43x one thread's
-// speed; the AMX Xeon: 187 KB slower at 2-16 threads, 1 MB 2.1x faster at 8-16).
+// call on cold copies (Zen 4 VM, 2 threads, `benchmarks.thread_grain`: 187 KB 0.87x, 590 KB 0.93x, 885 KB 1.07x,
+// 3.5 MB 1.40x one thread's speed; the AMX Xeon: 187 KB slower at 2-16 threads, 1 MB 2.1x faster at 8-16).
 constexpr int64_t kGrainsForASecondThread = 10;
 // The AMX path's shortest pass on AMX tiles (block_amx_min_rows): 16, a full tile, where AMX paid on the Xeon
 // measured (`benchmarks.block_kernels --paths avx512vnni amx`: 0.62-1.04x the AVX-512 tile's speed at 1-8 rows,

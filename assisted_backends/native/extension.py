@@ -1,9 +1,10 @@
 """The package's own CPU kernels (`csrc/block_kernels.cpp` and friends): built on first use, cached, registered as
 custom ops; and the build machinery any native library of the package uses (`build_library`).
 
-`block_ops()` compiles the C++ sources with torch's `cpp_extension` (ninja and the system compiler) the first
+`status()` compiles the C++ sources with torch's `cpp_extension` (ninja and the system compiler) the first
 time a process needs them, into `<cache>/kernels/<key>/`, where the key names the sources' and headers' hash, the
-flags, the compiler (its path and version line), the torch version and the CPU's instruction sets; later
+flags, the compiler (its path and version line), Python's version and ABI, the torch version and the CPU's
+instruction sets; later
 processes load the built library in milliseconds. While it compiles, one line on stderr says so (30-130 s on 2
 cores). The library registers `torch.ops.assisted_backends.block_linear` and friends; `register_fake` gives
 `torch.compile` their shapes so a compiled graph treats them as opaque calls.
@@ -12,10 +13,18 @@ A build users can trust (`build_library`, for every library of the package):
 - one builder at a time per key (an flock the kernel releases when a builder dies); a builder that holds it and
   finds torch's `lock` file left by a build killed mid-way removes it, with a line saying so (torch's own lock
   would otherwise make every later process wait for ever, silently);
-- a failed build reports the compiler's first error line (not its command line) and is remembered in
-  `<key>/failed.txt`: no process retries it until the sources, flags, compiler or torch change (the key), or
-  the file is removed;
+- a library is loaded under the same lock, and only once its build finished (`complete.txt`, written last): a
+  second process never loads a half-linked file;
+- a failed build reports the compiler's first error line (not its command line); a failure of the sources (a
+  compiler diagnostic, an undefined symbol) is remembered in `<key>/failed.txt`: no process retries it until the
+  sources, flags, compiler, Python or torch change (the key), or the file is removed. A failure of the moment (a
+  compiler killed, a tool missing, a full disk) is not remembered: the next process tries again;
+- a cache directory that cannot be written is one line naming it and `ASSISTED_BACKENDS_CACHE`;
 - g++ builds; clang++ builds where its OpenMP runtime is installed, else it is refused by name, in one line.
+
+`ASSISTED_BACKENDS_SANITIZE=address` builds every library with AddressSanitizer (its own key; run Python with the
+ASan runtime preloaded, as `.ci/lanes/asan.sh` does): an out-of-bounds read or write in the native code is then a
+report naming the line, not silent corruption.
 
 When the kernels cannot run (no compiler, no AVX2, a build error, or `ASSISTED_BACKENDS_KERNELS=aten`),
 `status()` says why in one sentence and the quantized layers use PyTorch's int4/int8 kernels instead
@@ -40,6 +49,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,6 +86,9 @@ PATH_NEEDS = {
 PREFERENCE = ("avx512vnni", "avxvnni", "avx2", "scalar")
 ISA_VARIABLE = "ASSISTED_BACKENDS_KERNEL_ISA"
 SWITCH_VARIABLE = "ASSISTED_BACKENDS_KERNELS"
+SANITIZE_VARIABLE = "ASSISTED_BACKENDS_SANITIZE"
+_SANITIZERS = {"address": ("-fsanitize=address", "-fno-omit-frame-pointer")}
+COMPLETE = "complete.txt"  # written last by a build that finished: only then is the library loaded
 # -fopenmp: at::parallel_for runs serially without it; -ffp-contract=off: no FMA may change an fp32 sum's rounding
 _BUILD_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fopenmp"]
 
@@ -143,13 +156,28 @@ def compiler_identity(compiler: str) -> str:
     return ""
 
 
+def sanitizer_flags() -> tuple[str, ...]:
+    """The compile and link flags `ASSISTED_BACKENDS_SANITIZE` asks for (none when unset)."""
+    raw = os.environ.get(SANITIZE_VARIABLE, "").strip().lower()
+    if raw and raw not in _SANITIZERS:
+        raise ValueError(f"{SANITIZE_VARIABLE}={raw!r} is not one of {', '.join(_SANITIZERS)} (or unset)")
+    return _SANITIZERS.get(raw, ())
+
+
+def python_tag() -> str:
+    """Python's version and ABI as an extension module's file name carries them (e.g. cpython-311-x86_64-linux-gnu)."""
+    return sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag or "python"
+
+
 def build_key(sources: Sequence[Path] = SOURCES, headers: Sequence[Path] = HEADERS,
               flags: Sequence[str] = tuple(_BUILD_FLAGS)) -> str:  # fmt: skip
-    """Names a build: the sources' and headers' hash, the flags, the compiler, torch's version, the CPU's flags."""
+    """Names a build: the sources' and headers' hash, the flags, the compiler, Python's version and ABI, torch's
+    version, the CPU's flags."""
     digest = hashlib.sha256(" ".join(flags).encode() + compiler_identity(_compiler()).encode())
+    digest.update(python_tag().encode())
     for path in sorted({*sources, *headers}):
         digest.update(path.name.encode() + path.read_bytes())
-    raw = f"{digest.hexdigest()[:12]}-torch{torch.__version__}-{_cpu_key()}"
+    raw = f"{digest.hexdigest()[:12]}-{sys.implementation.cache_tag}-torch{torch.__version__}-{_cpu_key()}"
     return raw.replace("+", "_").replace("/", "_")
 
 
@@ -181,6 +209,19 @@ def _compiler_refusal(compiler: str) -> str:
 
 
 _ERROR_LINE = re.compile(r"(?:^|\s)(?:fatal )?error:|undefined reference|cannot find -l|No such file or directory")
+# a diagnostic about the sources themselves (file:line: error, an undefined symbol): the same sources fail again
+_SOURCE_FAULT = re.compile(r"\.(?:cpp|h|inc|cc)(?::\d+)+: (?:fatal )?error:|undefined reference")
+# signs of a failure of the moment: a compiler killed (OOM, Ctrl-C), out of disk or memory
+_TRANSIENT = re.compile(r"Killed|killed|signal|terminated|No space left|Cannot allocate memory|out of memory|"
+                        r"internal compiler error")
+
+
+def remembered_failure(error: BaseException, output: str) -> bool:
+    """Whether a failed build is one to remember: the compiler said the sources are wrong, and nothing says the
+    compiler was killed. A tool that is missing (OSError), a killed compiler or a full disk is retried next time."""
+    if isinstance(error, OSError):
+        return False
+    return bool(_SOURCE_FAULT.search(output)) and not _TRANSIENT.search(output)
 
 
 def first_compiler_error(output: str) -> str:
@@ -208,32 +249,51 @@ class Build:
     python_module: bool = False  # True: a pybind11 module returned by build_library; False: ops registered
     what: str = "the package's kernels"  # for the lines printed and the reasons given
 
+    def compile_flags(self) -> tuple[str, ...]:
+        return self.flags + sanitizer_flags()
+
+    def link_flags(self) -> tuple[str, ...]:
+        return self.ldflags + sanitizer_flags()
+
     def directory(self) -> Path:
-        return cache_root() / self.folder / build_key(self.sources, self.headers, self.flags)
+        return cache_root() / self.folder / build_key(self.sources, self.headers, self.compile_flags())
 
 
 def build_library(build: Build):
     """Build (first use) or load `build`'s library: (the module, or True for an ops library; '') when it loads,
     (None, one sentence why not) when it cannot. The rules of the module docstring: one builder at a time, a
-    stale torch lock cleared with a line, a failed build remembered with the compiler's first error."""
-    refusal = _compiler_refusal(_compiler())
+    library loaded under the lock once complete, a stale torch lock cleared with a line, a failure of the sources
+    remembered with the compiler's first error, one of the moment retried."""
     directory = build.directory()
-    built = sorted(directory.glob(f"{build.name}*.so")) if directory.is_dir() else []
-    if refusal and not built:
-        return None, refusal
-    failed = directory / "failed.txt"
-    if failed.is_file():
-        return None, f"{build.what} did not build (remembered; delete {failed} to retry): {failed.read_text().strip()}"
-    if built and not build.python_module:
-        torch.ops.load_library(str(built[-1]))
-        return True, ""
-    if built:  # the key names the sources: a library built under it is current (no cpp_extension, no ninja run)
-        return _import_module(build.name, built[-1]), ""
-    directory.mkdir(parents=True, exist_ok=True)
-    with _build_lock(directory, build.what):
-        if failed.is_file():  # another process failed while we waited
-            return None, f"{build.what} did not build: {failed.read_text().strip()}"
+    with contextlib.ExitStack() as held:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            held.enter_context(_build_lock(directory, build.what))
+        except OSError as error:  # a read-only cache: a finished library there still loads (nobody writes it)
+            if (directory / COMPLETE).is_file():
+                return _load(build, directory), ""
+            return None, (f"cannot build {build.what}: the cache directory {cache_root()} cannot be written "
+                          f"({error.strerror or error}); set ASSISTED_BACKENDS_CACHE to a writable "
+                          "directory")  # fmt: skip
+        failed = directory / "failed.txt"
+        if failed.is_file():
+            return None, (f"{build.what} did not build (remembered; delete {failed} to retry): "
+                          f"{failed.read_text().strip()}")  # fmt: skip
+        if (directory / COMPLETE).is_file():  # the key names the sources: no cpp_extension, no ninja run
+            return _load(build, directory), ""
+        refusal = _compiler_refusal(_compiler())
+        if refusal:
+            return None, refusal
         return _compile(build, directory, failed)
+
+
+def _load(build: Build, directory: Path):
+    """The finished library in `directory`: the module, or True once its ops are registered."""
+    library = sorted(directory.glob(f"{build.name}*.so"))[-1]
+    if build.python_module:
+        return _import_module(build.name, library)
+    torch.ops.load_library(str(library))
+    return True
 
 
 def _import_module(name: str, path: Path):
@@ -258,16 +318,20 @@ def _compile(build: Build, directory: Path, failed: Path):
         loaded = cpp_extension.load(
             name=build.name,
             sources=[str(path) for path in build.sources],
-            extra_cflags=list(build.flags),
-            extra_ldflags=list(build.ldflags),
+            extra_cflags=list(build.compile_flags()),
+            extra_ldflags=list(build.link_flags()),
             build_directory=str(directory),
             is_python_module=build.python_module,
             verbose=False,
         )
-    except Exception as error:  # remembered: no process retries until the key changes
-        line = first_compiler_error(str(error))[:300]
-        failed.write_text(line + "\n")
+    except Exception as error:
+        output = str(error)
+        line = first_compiler_error(output)[:300]
+        if not remembered_failure(error, output):  # of the moment: the next process tries again
+            return None, f"{build.what} did not build (not remembered: the next run tries again): {line}"
+        failed.write_text(line + "\n")  # remembered: no process retries until the key changes
         return None, f"{build.what} did not build: {line}"
+    (directory / COMPLETE).write_text(f"{build.name} built {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     if fresh:
         print(f"assisted_backends: {build.what} built in {time.perf_counter() - started:.0f} s", file=sys.stderr,
               flush=True)  # fmt: skip

@@ -1,5 +1,7 @@
 """A build users can trust (`extension.build_library`): a killed build's lock is cleared with a line, a failed
-build says the compiler's first error and is remembered, a compiler that cannot build is refused by name.
+build says the compiler's first error and is remembered (a failure of the moment is retried), a library is loaded
+under the lock and only once its build finished, a cache that cannot be written is one line, a compiler that cannot
+build is refused by name, and the key names Python's ABI and the sanitizer.
 
 Each case builds a small library of its own (no torch headers: seconds) in a fresh cache folder.
 """
@@ -78,6 +80,84 @@ def test_the_compiler_is_part_of_the_key(monkeypatch, tmp_path):
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("CXX", str(fake))
     assert extension.build_key() != before
+
+
+def test_python_abi_and_sanitizer_are_part_of_the_key(monkeypatch):
+    before = extension.build_key()
+    monkeypatch.setattr(extension, "python_tag", lambda: "cpython-399-x86_64-linux-gnu")
+    assert extension.build_key() != before
+    monkeypatch.undo()
+    monkeypatch.setenv(extension.SANITIZE_VARIABLE, "address")
+    assert "-fsanitize=address" in extension.KERNELS.compile_flags()
+    assert "-fsanitize=address" in extension.KERNELS.link_flags()
+    sanitized = extension.KERNELS.directory()
+    monkeypatch.delenv(extension.SANITIZE_VARIABLE)
+    assert extension.KERNELS.directory() != sanitized
+    monkeypatch.setenv(extension.SANITIZE_VARIABLE, "memory")
+    with pytest.raises(ValueError, match="ASSISTED_BACKENDS_SANITIZE='memory' is not one of address"):
+        extension.sanitizer_flags()
+
+
+@pytest.mark.parametrize("failure", [
+    RuntimeError("Error building extension 'flaky_lib': c++: fatal error: Killed signal terminated program cc1plus"),
+    FileNotFoundError(2, "No such file or directory", "ninja"),
+    RuntimeError("flaky_lib.cpp:1:1: error: unable to write output: No space left on device"),
+])  # fmt: skip
+def test_a_failure_of_the_moment_is_retried_not_remembered(tmp_path, monkeypatch, failure):
+    build = _library(tmp_path, monkeypatch, 'extern "C" int ab_flaky() { return 7; }\n', "flaky_lib")
+    from torch.utils import cpp_extension
+
+    real_load = cpp_extension.load
+
+    def killed(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(cpp_extension, "load", killed)
+    loaded, why = extension.build_library(build)
+    assert loaded is None and "not remembered: the next run tries again" in why, why
+    assert not (build.directory() / "failed.txt").exists()
+    monkeypatch.setattr(cpp_extension, "load", real_load)
+    loaded, why = extension.build_library(build)
+    assert loaded is True and why == "", why
+
+
+def test_a_library_whose_build_did_not_finish_is_built_not_loaded(tmp_path, monkeypatch):
+    build = _library(tmp_path, monkeypatch, 'extern "C" int ab_half() { return 3; }\n', "half_lib")
+    directory = build.directory()
+    directory.mkdir(parents=True)
+    (directory / "half_lib.so").write_bytes(b"\x7fELF half-linked")  # a link cut short: loading it would fail
+    loaded, why = extension.build_library(build)
+    assert loaded is True and why == "", why
+    assert (directory / extension.COMPLETE).is_file()
+
+
+def test_a_library_is_loaded_under_the_build_lock(tmp_path, monkeypatch, capsys):
+    import fcntl
+    import threading
+
+    build = _library(tmp_path, monkeypatch, 'extern "C" int ab_locked() { return 5; }\n', "locked_lib")
+    assert extension.build_library(build) == (True, "")
+    results = []
+    with open(build.directory() / ".build.flock", "w") as handle:  # another builder holds the key
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        loader = threading.Thread(target=lambda: results.append(extension.build_library(build)))
+        loader.start()
+        loader.join(timeout=1.0)
+        assert loader.is_alive() and not results, "the library was loaded while another process held the lock"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    loader.join(timeout=30)
+    assert results == [(True, "")]
+    assert "waiting for another process building the test library locked_lib" in capsys.readouterr().err
+
+
+def test_a_cache_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("ASSISTED_BACKENDS_CACHE", str(blocker / "cache"))  # under a file: no directory can be made
+    loaded, why = extension.build_library(extension.KERNELS)
+    assert loaded is None
+    assert why.startswith(f"cannot build the package's kernels: the cache directory {blocker / 'cache'} cannot be "
+                          "written (") and why.endswith("set ASSISTED_BACKENDS_CACHE to a writable directory"), why
 
 
 def test_a_clang_without_openmp_is_refused_by_name(tmp_path, monkeypatch):

@@ -173,7 +173,7 @@ def memory_stages(model: str) -> dict[str, float]:
     mark = _status_mib()
     loaded = load_gguf_quantized(path, tokenizer=False)
     stage("model_load")
-    native = NativeCausalLM(loaded.model)
+    native = NativeCausalLM(loaded.reference)
     stage("native_decoder")
     cache = native.new_native_cache()
     with torch.inference_mode():
@@ -218,7 +218,7 @@ def main() -> None:
     from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     path = ensure_real_gguf(arguments.model)
-    reference = load_gguf_quantized(path, tokenizer=False).model
+    reference = load_gguf_quantized(path, tokenizer=False).reference
     invariant_attention.enable(reference)
     native = NativeCausalLM(reference)
     native_step, native_cache = _decoder(native, native.new_native_cache, arguments.tokens)

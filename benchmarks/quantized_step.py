@@ -48,11 +48,11 @@ def load_variants() -> dict[str, nn.Module]:
     variants = {
         "fp32": dense,
         "bf16": load_gguf_quantized(path, scheme="dense", tokenizer=False).model.to(torch.bfloat16),
-        "int8": load_gguf_quantized(path, scheme="int8", tokenizer=False).model,
-        "int4": load_gguf_quantized(path, scheme="file", tokenizer=False).model,
+        "int8": load_gguf_quantized(path, scheme="int8", tokenizer=False).reference,
+        "int4": load_gguf_quantized(path, scheme="file", tokenizer=False).reference,
     }
     os.environ[SWITCH_VARIABLE] = "aten"
-    variants["int4_aten"] = load_gguf_quantized(path, scheme="file", tokenizer=False).model
+    variants["int4_aten"] = load_gguf_quantized(path, scheme="file", tokenizer=False).reference
     del os.environ[SWITCH_VARIABLE]
     return variants
 

@@ -68,7 +68,7 @@ def decoding(name: str, rounds: int) -> dict[str, float]:
     from assisted_backends.quantized.model import load_gguf_quantized
     from assisted_backends.quantized.native_decoder import NativeCausalLM
 
-    native = NativeCausalLM(load_gguf_quantized(_path(name), tokenizer=False).model)
+    native = NativeCausalLM(load_gguf_quantized(_path(name), tokenizer=False).reference)
     run, _ = _decoder(native, native.new_native_cache, 32)
     cases = {"1t": (1, GRAIN), "2t_rule": (2, GRAIN), "2t_previous_rule": (2, PREVIOUS_RULE_GRAIN)}
     seconds: dict[str, list[float]] = {case: [] for case in cases}

@@ -23,8 +23,8 @@ DEFAULT_ASSISTANT_PARAMETERS = {
 
 
 def default_assistant(target: str, family: str | None = None) -> str:
-    """The seed scripts' draft for the target's family (read from its config unless given), or an error listing
-    the options."""
+    """The seed scripts' draft for the target's family (read from its config, or a `.gguf` file's metadata, unless
+    given), or an error listing the options."""
     if family is None:
         from assisted_backends.loading.models import model_type
 

@@ -254,21 +254,23 @@ def open_session(args: argparse.Namespace) -> Session:
     dtype = args.dtype or (None if find_gguf(target_name) else "fp32")  # a .gguf keeps its own quantization
     options = BackendOptions(dtype=dtype, draft_precision=args.draft_precision, bucket_size=args.bucket_size)
     backend = resolve_backend(args.device, options)
+    # the tokenizer first: building one from a .gguf (a 262k vocabulary: +350 MiB passing) peaks before the weights
+    # are resident, not on top of them (benchmarks/RESULTS.md, opening a .gguf)
+    tokenizer = load_tokenizer(target_name, "-m/--model")
     target = load_with_progress(target_name, "-m/--model", dtype)
     launch = distributed.launch_context()
     if launch is not None:  # deepspeed / torchrun: shard the target (AutoTP); every rank keeps a full draft
         distributed.init_distributed(launch, backend.name)
         target = distributed.shard_target(target, launch)  # generate agrees seed and γ across ranks itself
     target = backend.prepare(target, "target")
-    tokenizer = load_tokenizer(target_name, "-m/--model")
     draft = draft_tokenizer = None
     if draft_name is not None:
+        draft_tokenizer = load_tokenizer(draft_name, "--assistant-model")
         draft = load_with_progress(draft_name, "--assistant-model", args.draft_precision)
         if is_eagle_head(draft):  # it rides on the target: the backend's draft precision does not apply
             notices.append(f"note: {set_head_precision(draft, target, args.head_precision).line()}")
         else:
             draft = backend.prepare(draft, "draft")
-        draft_tokenizer = load_tokenizer(draft_name, "--assistant-model")
     if args.head_precision is not None and not is_eagle_head(draft):
         raise OptionError("{name} applies to an EAGLE-3 head (--assistant-model naming a head's directory): drop it",
                           name=("head_precision", args.head_precision))  # fmt: skip

@@ -2,12 +2,13 @@
 
 (`loading.models` loads what these name; this module finds and converts the files.)
 
-A GGUF file is converted once with transformers' GGUF support (`from_pretrained(dir, gguf_file=...)`,
-which needs the `gguf` and `accelerate` packages and dequantizes every weight to a plain tensor) and
-saved as an ordinary model directory under the user's cache, keyed by the file's sha256 alone (a renamed
-file is not converted again): `$ASSISTED_BACKENDS_CACHE/gguf/<sha16>/` (default `~/.cache/assisted_backends`;
-sha16: the first 16 hex digits). Later loads read that directory, which is several times faster than parsing the
-GGUF again and needs no `gguf`.
+A `.gguf` file is read where it lies: its type, config and generation settings from its header's metadata
+(`quantized.gguf_header`, milliseconds), its weights repacked for the CPU kernels (`quantized.model`). Only a
+dequantized precision (`--dtype fp32` / `bf16` / `fp16`, `load_model(precision=...)`) converts it: once, with
+transformers' GGUF support (`from_pretrained(dir, gguf_file=...)`, which needs the `gguf` and `accelerate` packages
+and dequantizes every weight to fp32), saved as an ordinary model directory under the user's cache, keyed by the
+file's sha256 alone (a renamed file is not converted again): `$ASSISTED_BACKENDS_CACHE/gguf/<sha16>/` (default
+`~/.cache/assisted_backends`; sha16: the first 16 hex digits). Later dequantized loads read that directory.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from assisted_backends.cache_dir import cache_root
+
+if TYPE_CHECKING:
+    from assisted_backends.quantized.gguf_header import GGUFHeader
 
 GGUF_INSTALL = "pip install gguf accelerate"  # or the package's extra: pip install "assisted_backends[gguf]"
 GGUF_SUFFIX = ".gguf"
@@ -84,9 +89,10 @@ def incomplete(path: Path, what: str, error: Exception | None = None, end: int |
                           "download or copy it again")  # fmt: skip
 
 
-def check_complete(path: Path, what: str = "model") -> None:
-    """A GGUF file whose header cannot be read, or whose tensor data runs past its end (a download or copy cut
-    short), is refused in one line before any loader meets it (`quantized.gguf_header`, the one header reader)."""
+def check_complete(path: Path, what: str = "model") -> GGUFHeader:
+    """The file's header; a GGUF file whose header cannot be read, or whose tensor data runs past its end (a download
+    or copy cut short), is refused in one line before any loader meets it (`quantized.gguf_header`, the one header
+    reader)."""
     from assisted_backends.quantized.gguf_header import GGUFFormatError, read_header
 
     try:
@@ -96,6 +102,7 @@ def check_complete(path: Path, what: str = "model") -> None:
     end = header.data_end()
     if end > header.size:
         raise incomplete(path, what, end=end)
+    return header
 
 
 def share_quantized_entry(gguf: Path) -> Path:
@@ -161,9 +168,10 @@ def convert_gguf(gguf: Path, output: Path, what: str = "model") -> Path:
 
 
 def model_dir(name: str | os.PathLike, what: str = "model") -> str:
-    """What `from_pretrained` should load for a model argument: a `.gguf` file (or a directory holding
-    one) becomes its cached converted directory, converted on first use; a saved model directory or a
-    Hub id comes back unchanged."""
+    """What `from_pretrained` should load for a model argument in a dequantized precision: a `.gguf` file (or a
+    directory holding one) becomes its cached converted fp32 directory, converted on first use (the one place that
+    converts: callers reach it only for `fp32` / `bf16` / `fp16`); a saved model directory or a Hub id comes back
+    unchanged."""
     gguf = find_gguf(name, what)
     if gguf is None:
         return str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else str(name)

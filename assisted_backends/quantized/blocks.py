@@ -347,20 +347,58 @@ def widened(weight: BlockWeight) -> BlockWeight:
     return from_parts(codes, d, dmin, sc, mn, 8, weight.group, weight.sb, 0)
 
 
-def from_gguf(kind: str, data: np.ndarray | torch.Tensor, shape: tuple[int, int],
-              row_order: torch.Tensor | None = None) -> BlockWeight:  # fmt: skip
-    """A GGUF [N, K] tensor of `kind` (raw bytes) in the kernels' layout, rows reordered by `row_order`."""
+_CHUNK_BYTES = 4 << 20  # raw bytes repacked at a time: a large table's temporaries stay this size, not its own
+
+
+def from_gguf(kind: str, data, shape: tuple[int, int], row_order: torch.Tensor | None = None) -> BlockWeight:
+    """A GGUF [N, K] tensor of `kind` (raw bytes [N, row bytes]: an array, or anything that gives rows for an index
+    array, such as a reader of the file) in the kernels' layout, rows reordered by `row_order`. Repacked a band of
+    whole tiles at a time (about `_CHUNK_BYTES` of the file): tiles are independent, so the result is the same bytes
+    as one pass over the whole tensor, and the temporaries stay the size of a band."""
     gguf = require_gguf()
     block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
     n, k = shape
-    raw = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True)) if isinstance(data, np.ndarray) else data
-    parts = _decode(kind, raw.reshape(n * (k // block), block_bytes))
-    per_row = lambda t: None if t is None else t.reshape(n, -1)  # noqa: E731
+    row_bytes = k // block * block_bytes
+    if isinstance(data, (np.ndarray, torch.Tensor)):
+        data = data.reshape(n, row_bytes)
+    band = max(TILE, _CHUNK_BYTES // max(row_bytes, 1) // TILE * TILE)
+    order = None if row_order is None else row_order.numpy()
+    out: BlockWeight | None = None
+    for start in range(0, n, band):
+        stop = min(n, start + band)
+        rows = np.arange(start, stop) if order is None else order[start:stop]
+        piece = _band(kind, data, rows, k, block, block_bytes)
+        if out is None and stop == n:
+            return piece
+        if out is None:
+            out = _empty_like_rows(piece, n)
+        tile = start // TILE
+        for name, tensor in piece.tensors().items():
+            getattr(out, name)[tile : tile + tensor.shape[0]] = tensor
+    return out
+
+
+def _band(kind: str, data, rows: np.ndarray, k: int, block: int, block_bytes: int) -> BlockWeight:
+    """Rows `rows` of the file's tensor as a `BlockWeight` of len(rows) rows."""
+    if isinstance(data, torch.Tensor):
+        raw = data[torch.from_numpy(rows)]
+    else:
+        raw = torch.from_numpy(np.ascontiguousarray(data[rows], dtype=np.uint8))
+    count = len(rows)
+    parts = _decode(kind, raw.reshape(count * (k // block), block_bytes))
+    del raw
+    per_row = lambda t: None if t is None else t.reshape(count, -1)  # noqa: E731
     fields = [per_row(parts.codes.to(torch.uint8)), per_row(parts.d), per_row(parts.dmin), per_row(parts.sc),
               per_row(parts.mn)]  # fmt: skip
-    if row_order is not None:
-        fields = [None if t is None else t[row_order] for t in fields]
     return from_parts(*fields, parts.bits, parts.group, parts.sb, parts.offset)
+
+
+def _empty_like_rows(piece: BlockWeight, rows: int) -> BlockWeight:
+    """An uninitialised `BlockWeight` shaped as `piece` but of `rows` rows (tiles filled band by band)."""
+    tiles = -(-rows // TILE)
+    empty = lambda t: None if t is None else torch.empty((tiles, *t.shape[1:]), dtype=t.dtype)  # noqa: E731
+    return BlockWeight(empty(piece.codes), empty(piece.d), empty(piece.dmin), empty(piece.sc), empty(piece.mn), rows,
+                       piece.in_features, piece.bits, piece.group, piece.sb, piece.offset)  # fmt: skip
 
 
 # -- from float weights (a model quantized here: `quantize_model`) ----------------------------------------------

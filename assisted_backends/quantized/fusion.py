@@ -4,7 +4,8 @@ A decoder layer calls `q_proj(h)`, `k_proj(h)`, `v_proj(h)` on one tensor h. `fu
 siblings' block weights along N into one `QuantizedLinear` and puts a `ProjectionSlice` in each sibling's place:
 the first sibling called runs the fused layer on h (one activation quantization, one pass over the weights),
 the others return their columns of that result (the same tensor object h: the siblings are called one after
-the other on it). Nothing changes in the
+the other on it). Siblings whose tensors the loader placed one after the other in one buffer (`quantized.model`)
+are fused as a view of it, without a copy (`joined`). Nothing changes in the
 numbers: the kernel computes every output element alone (its tile neighbours do not enter it), so each column of
 the fused result is, bit for bit, what the sibling's own layer computes.
 """
@@ -72,10 +73,34 @@ def _fusable(layers: list[nn.Module]) -> bool:
     return same and len(biases) == 1 and all(w.out_features % TILE == 0 for w in weights)
 
 
+def adjacent(tensors: list[torch.Tensor]) -> bool:
+    """Whether `tensors` (same dtype and trailing shape, each contiguous) lie one after the other in one storage, so
+    that their concatenation along dim 0 is a view of it (`joined`)."""
+    first = tensors[0]
+    storage = first.untyped_storage().data_ptr()
+    end = first.data_ptr()
+    for tensor in tensors:
+        if (tensor.dtype != first.dtype or tensor.shape[1:] != first.shape[1:] or not tensor.is_contiguous()
+                or tensor.untyped_storage().data_ptr() != storage or tensor.data_ptr() != end):  # fmt: skip
+            return False
+        end += tensor.nbytes
+    return True
+
+
+def joined(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The concatenation of `tensors` along dim 0: a view of their storage when they are `adjacent` (the loader
+    places siblings so: no copy, the same bytes), else a new tensor (`torch.cat`)."""
+    if not adjacent(tensors):
+        return torch.cat(tensors)
+    first = tensors[0]
+    shape = (sum(tensor.shape[0] for tensor in tensors), *first.shape[1:])
+    return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), shape)  # contiguous strides
+
+
 def _concatenated(layers: list[QuantizedLinear]) -> QuantizedLinear:
     weights = [layer.weight_data for layer in layers]
     first = weights[0]
-    join = lambda name: None if getattr(first, name) is None else torch.cat([getattr(w, name) for w in weights])  # noqa: E731
+    join = lambda name: None if getattr(first, name) is None else joined([getattr(w, name) for w in weights])  # noqa: E731
     fused = BlockWeight(join("codes"), join("d"), join("dmin"), join("sc"), join("mn"),
                         sum(w.out_features for w in weights), first.in_features, first.bits, first.group, first.sb,
                         first.offset)  # fmt: skip

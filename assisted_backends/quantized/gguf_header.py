@@ -13,6 +13,13 @@ u64; key/values (key: u64 length + UTF-8; value: u32 type + payload; arrays: u32
 count, elements); then per tensor: name, u32 n_dims, u64 dims (fastest-moving first), u32 ggml type,
 u64 offset into the data section, which starts at the next multiple of `general.alignment` (32).
 
+Tensor data follows the table: each tensor's data starts where the one listed before it ends, padded to the
+alignment, as llama.cpp requires (`gguf_init_from_file`); a tensor whose data overlaps another's or leaves a gap
+(an offset or a ggml type changed after writing: the byte size no longer fits the slot) is refused here. A type
+relabelled to another of the same byte size fits its slot and cannot be told from the file. The tokenizer's
+metadata is checked here too (every route builds the tokenizer from it, the command line before the model): a
+non-empty token list, merges of strings, token types and scores one per token, special token ids inside the list.
+
 Whatever is wrong with a header (no magic, another version, cut short, a field past the file's end) raises
 `GGUFFormatError`, one `ValueError` whose `reason` says what, without the path (callers that name the file
 themselves put the reason in their own one-line message).
@@ -94,7 +101,12 @@ class GGUFHeader:
 
     @property
     def architecture(self) -> str:
-        return str(self.metadata["general.architecture"])
+        """`general.architecture`; `GGUFFormatError` where it is absent or not a name."""
+        value = self.metadata.get("general.architecture")
+        if not isinstance(value, str) or not value.strip() or not value.isprintable():
+            shown = "absent" if value is None else f"{type(value).__name__} {ascii(value)[:60]}"
+            raise GGUFFormatError(self.path, f"general.architecture is {shown}, not the name of an architecture")
+        return value
 
     @property
     def size(self) -> int:
@@ -190,6 +202,45 @@ def _value(data: memoryview, offset: int, kind: int, key: str, strings: dict) ->
     return np.frombuffer(data[offset:end], dtype=dtype).copy(), end
 
 
+def _shown(value: object) -> str:
+    text = ascii(value.tolist() if isinstance(value, np.ndarray) else value)
+    return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
+
+
+def _check_tokenizer(metadata: dict, strings: dict) -> None:
+    """The tokenizer's metadata of the kinds every tokenizer builder indexes by (`_Cut` otherwise): the token list
+    non-empty strings, merges strings, token types and scores one per token, special token ids inside the list."""
+    for name in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template"):
+        if name in metadata and not isinstance(metadata[name], str):
+            raise _Cut(f"{name} is {_shown(metadata[name])}, not a string")
+    key = "tokenizer.ggml.tokens"
+    if key not in metadata:
+        return
+    value = metadata[key]
+    count = strings[key][1] if key in strings else len(value) if isinstance(value, list) else 0
+    if count == 0:
+        raise _Cut(f"{key} holds no token strings (an empty vocabulary): {_shown(value)}")
+    merges = metadata.get("tokenizer.ggml.merges", [])
+    if "tokenizer.ggml.merges" not in strings and not isinstance(merges, list):
+        raise _Cut(f"tokenizer.ggml.merges is {_shown(merges)}, not a list of strings")
+    if metadata.get("tokenizer.ggml.model") == "gpt2" and "tokenizer.ggml.merges" not in metadata:
+        raise _Cut("tokenizer.ggml.merges is absent: a byte-level BPE tokenizer (model 'gpt2') needs its merges")
+    for name, kind in (("tokenizer.ggml.token_type", "i"), ("tokenizer.ggml.scores", "f")):
+        per_token = metadata.get(name)
+        if per_token is not None and not (isinstance(per_token, np.ndarray) and per_token.dtype.kind in kind + "iu"
+                                          and len(per_token) == count):  # fmt: skip
+            raise _Cut(f"{name} is {_shown(per_token)}, not one number for each of the {count} tokens")
+    for name, item in metadata.items():
+        if not name.startswith("tokenizer.ggml.") or item is None:
+            continue
+        if name.endswith("_token_id"):
+            whole = isinstance(item, int) and not isinstance(item, bool)
+            if not (whole and 0 <= item < count):
+                raise _Cut(f"{name} is {_shown(item)}, not the index of one of the {count} tokens")
+        elif name.startswith("tokenizer.ggml.add_") and not isinstance(item, bool):
+            raise _Cut(f"{name} is {_shown(item)}, not true or false")
+
+
 def _walk(data: memoryview, gguf) -> tuple[dict, dict, dict]:
     """(metadata, tensors, long string arrays) of a whole header; `_Cut` or struct.error where it breaks."""
     if bytes(data[:4]) != _MAGIC:
@@ -204,6 +255,7 @@ def _walk(data: memoryview, gguf) -> tuple[dict, dict, dict]:
         key, offset = _string(data, offset)
         (kind,) = struct.unpack_from("<I", data, offset)
         metadata[key], offset = _value(data, offset + 4, kind, key, strings)
+    _check_tokenizer(metadata, strings)
     table = []
     for _ in range(tensor_count):
         name, offset = _string(data, offset)
@@ -219,16 +271,27 @@ def _walk(data: memoryview, gguf) -> tuple[dict, dict, dict]:
         raise _Cut(f"general.alignment is {alignment!r}")
     start = (offset + alignment - 1) // alignment * alignment
     tensors = {}
+    expected = 0  # where the next tensor's data must start, relative to the data section
     for name, shape, kind, relative in table:
         try:
             quant = gguf.GGMLQuantizationType(kind)
             block, block_bytes = gguf.GGML_QUANT_SIZES[quant]
         except (ValueError, KeyError):
             raise _Cut(f"tensor {name!r}: unknown ggml type {kind}") from None
+        if shape and shape[-1] % block:
+            raise _Cut(f"tensor {name!r}: rows of {shape[-1]} values, not whole {quant.name} blocks of {block}")
+        if name in tensors:
+            raise _Cut(f"tensor {name!r} is listed twice")
         count = 1
         for size in shape:
             count *= size
-        tensors[name] = TensorInfo(name, shape, quant.name, start + relative, count // block * block_bytes)
+        nbytes = count // block * block_bytes
+        if relative != expected:
+            where = "overlaps the data before it" if relative < expected else "leaves a gap after the data before it"
+            raise _Cut(f"tensor {name!r} ({quant.name} {list(shape)}): its data at byte {start + relative} {where} "
+                       f"(byte {start + expected} expected: a tensor's type or offset was changed)")  # fmt: skip
+        expected = (relative + nbytes + alignment - 1) // alignment * alignment
+        tensors[name] = TensorInfo(name, shape, quant.name, start + relative, nbytes)
     return metadata, tensors, strings
 
 

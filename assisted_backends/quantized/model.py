@@ -27,6 +27,7 @@ cached 2.3 s (tokenizer 5.7 s), weights 315 MiB (1.30x).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,8 +39,12 @@ from torch import nn
 
 from assisted_backends import hf_compat
 from assisted_backends.native import extension
+from assisted_backends.native.heap import trim_heap
 from assisted_backends.quantized import blocks, cache, gguf, kernels
-from assisted_backends.quantized.fusion import fuse_projections
+from assisted_backends.quantized.blocks import BlockWeight
+from assisted_backends.quantized.file_checks import GGUFModelError, check_file
+from assisted_backends.quantized.finite_values import check_finite
+from assisted_backends.quantized.fusion import SIBLINGS, adjacent, fuse_projections
 from assisted_backends.quantized.gguf_header import GGUFHeader, read_header
 from assisted_backends.quantized.hf_config import load_config
 from assisted_backends.quantized.int4_layout import signature
@@ -56,9 +61,11 @@ _MODEL_TYPE_TO_GGUF = {"cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_mo
 class LoadedGGUF:
     """The model (eval mode), its tokenizer, and how the load went.
 
-    `seconds`: until the model was ready. The tokenizer is built in a background thread (on a first
-    load transformers parses the whole GGUF for it); `tokenizer` waits for it, and `tokenizer_seconds`
-    says when it was ready (same clock as `seconds`).
+    `model`: stepped by the native decoder (one C++ call a forward, `quantized.native_decoder`) where it covers the
+    model, else transformers' modeling on the kernels; `step` says which and why. `reference`: transformers' modeling
+    over the same weights (what `model` wraps, or `model` itself). `seconds`: until the model was ready. The
+    tokenizer is built in a background thread (on a first load transformers parses the whole GGUF for it);
+    `tokenizer` waits for it, and `tokenizer_seconds` says when it was ready (same clock as `seconds`).
     """
 
     model: nn.Module
@@ -67,6 +74,23 @@ class LoadedGGUF:
     from_cache: bool
     seconds: float
     report: dict[str, str] = field(default_factory=dict)
+    reference: nn.Module | None = None
+
+    @property
+    def step(self) -> str:
+        """The forward pass `model` runs, and why (`native_decoder.STEP_LINE`, or transformers' modeling: why)."""
+        return getattr(self.model, "step_report", "")
+
+    @staticmethod
+    def stepped(model: nn.Module, native: bool) -> nn.Module:
+        """`model` (transformers' modeling on the kernels) stepped natively where covered and `native` asks for it
+        (`native_decoder.native_model`); else `model`, its `step_report` saying why not."""
+        from assisted_backends.quantized.native_decoder import native_model
+
+        if native:
+            return native_model(model).eval()
+        model.step_report = "forward pass: transformers' modeling on the kernels (native=False)"
+        return model
 
     @property
     def tokenizer(self):
@@ -142,7 +166,11 @@ def _processor(header: GGUFHeader, config):
 def _row_order(processor, gguf_name: str, rows: int) -> torch.Tensor | None:
     """transformers' processing of a [rows, K] weight as a row order (None: unchanged)."""
     probe = np.arange(rows, dtype=np.float64).reshape(rows, 1)
-    result = processor.process(weights=probe.copy(), name=gguf_name, tensor_key_mapping={}, parsed_parameters={})
+    try:
+        result = processor.process(weights=probe.copy(), name=gguf_name, tensor_key_mapping={}, parsed_parameters={})
+    except (KeyError, IndexError, TypeError) as error:  # a processor that needs the whole file's tensors (GPT-2)
+        raise NotImplementedError(f"transformers' GGUF processing of {gguf_name} needs the whole file "
+                                  f"({type(error).__name__}: {error}); not applicable to blocks") from None  # fmt: skip
     moved = np.asarray(result.weights)
     if result.name != gguf_name or moved.shape != probe.shape:
         raise NotImplementedError(
@@ -158,9 +186,43 @@ def _row_order(processor, gguf_name: str, rows: int) -> torch.Tensor | None:
     return torch.from_numpy(order.astype(np.int64))
 
 
+class _FileRows:
+    """A tensor's raw rows read from the file with `os.pread` into memory of the caller's (`rows[index]`, `all()`),
+    not through a mapping: pages of a mapped file count as the process's resident memory while mapped, so repacking
+    through one held the whole file resident beside its repacked copy."""
+
+    def __init__(self, header: GGUFHeader, info) -> None:
+        self.path, self.offset, self.nbytes = header.path, info.offset, info.nbytes
+        self.rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
+        self.row_bytes = info.nbytes // max(self.rows, 1)
+
+    def _read(self, first: int, count: int) -> np.ndarray:
+        out = np.empty((count, self.row_bytes), dtype=np.uint8)
+        view, done = memoryview(out).cast("B"), 0
+        with open(self.path, "rb", buffering=0) as handle:
+            while done < out.nbytes:
+                got = os.preadv(handle.fileno(), [view[done:]], self.offset + first * self.row_bytes + done)
+                if got <= 0:
+                    raise ValueError(f"{self.path}: tensor data cut short at byte {self.offset + done}")
+                done += got
+        return out
+
+    def __getitem__(self, index: np.ndarray) -> np.ndarray:
+        """Rows `index` (an integer array): the span they lie in is read, then picked."""
+        index = np.asarray(index)
+        first = int(index.min())
+        span = self._read(first, int(index.max()) - first + 1)
+        if index[0] == first and np.array_equal(index, np.arange(first, first + len(index))):
+            return span
+        return span[index - first]
+
+    def all(self) -> np.ndarray:
+        return self._read(0, self.rows)
+
+
 def _dense(header: GGUFHeader, info, processor=None) -> torch.Tensor:
     """gguf's exact values of a tensor (fp32, torch order), with transformers' processing if given."""
-    data = header.tensor_bytes(info)
+    data = _FileRows(header, info).all()
     if info.kind in gguf.PLAIN_TYPES:
         values = gguf.plain_tensor(info.kind, data, info.shape)
     else:
@@ -185,11 +247,11 @@ def _quantized_weight(
     """The stored form of one matrix and a phrase for the report."""
     rows, columns = info.shape
     if scheme == "file" and _uses_blocks(dtype) and blocks.supported(info.kind, info.shape):
-        weight = blocks.from_gguf(info.kind, header.tensor_bytes(info), info.shape, order)
+        weight = blocks.from_gguf(info.kind, _FileRows(header, info), info.shape, order)
         return weight, f"{info.kind} -> {weight.bits}-bit blocks (exact, the package's kernels)"
     if scheme == "file":
         layout = gguf.kernel_layout(info.kind, info.shape, compact)
-        weight = gguf.repack(info.kind, header.tensor_bytes(info), info.shape, dtype, order, compact)
+        weight = gguf.repack(info.kind, _FileRows(header, info).all(), info.shape, dtype, order, compact)
         if layout == "int4":
             return weight, f"{info.kind} -> int4 x{weight.planes} (codes exact)"
         return weight, f"{info.kind} -> {layout}"
@@ -221,6 +283,8 @@ def _plan_from_file(model, header, config, scheme, group_size, dtype, compact) -
                 raise NotImplementedError(f"{hf_name}: only the input embedding can be quantized as an embedding")
             order = _row_order(processor, info.name, info.shape[0])
             weight, note = _quantized_weight(header, info, scheme, group_size, dtype, order, compact)
+            check_finite(header.path, info.name, weight)
+            trim_heap()  # the repacking's temporaries: freed between the kept tensors, resident until trimmed
             if isinstance(weight, torch.Tensor):
                 plan.params[hf_name] = weight
             else:
@@ -228,6 +292,7 @@ def _plan_from_file(model, header, config, scheme, group_size, dtype, compact) -
             plan.report[module_path] = note + (" (rows reordered)" if order is not None else "")
         else:
             plan.params[hf_name] = _dense(header, info, processor)
+            check_finite(header.path, info.name, plan.params[hf_name])
             plan.report.setdefault(module_path, f"{info.kind} -> fp32")
     head = model.get_output_embeddings()
     if config.tie_word_embeddings and head is not None:
@@ -236,6 +301,7 @@ def _plan_from_file(model, header, config, scheme, group_size, dtype, compact) -
         if embed_path in plan.linears and head_path not in plan.linears:
             plan.tied[head_path] = embed_path
             plan.report[head_path] = f"tied: shares {embed_path}'s quantized storage"
+    _colocate_siblings(plan)
     return plan
 
 
@@ -288,17 +354,38 @@ def is_cached(path: str | Path, scheme: str = "file", group_size: int = 32, dtyp
 
 
 def _save_plan(path: Path, plan: _Plan) -> None:
-    from safetensors.torch import save_file
-
     tensors, linears = {}, {}
     for module_path, weight in plan.linears.items():  # "<module>.<buffer>", as the layer's state_dict names them
         for name, tensor in weight.buffers().items():
             tensors[f"{module_path}.{name}"] = tensor
         linears[module_path] = {"scheme": weight.format, **weight.meta()}
     for name, tensor in plan.params.items():
-        tensors[f"param:{name}"] = tensor.contiguous()
+        tensors[f"param:{name}"] = tensor
     manifest = {"version": _FORMAT_VERSION, "linears": linears, "tied": plan.tied, "report": plan.report}
-    cache.write_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={"manifest": json.dumps(manifest)}))
+    cache.write_atomically(path, lambda tmp: _write_tensors(tmp, tensors, {"manifest": json.dumps(manifest)}))
+
+
+def _write_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """A safetensors file of `tensors`, each written from its own memory (safetensors' `save_file` first copies every
+    tensor into a bytes object: the whole model twice in memory while it writes; and it refuses tensors that share a
+    buffer, as the sibling projections placed together do)."""
+    names = {dtype: name for name, dtype in _STORED_DTYPES.items()}
+    header: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        header[name] = {"dtype": names[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + tensor.nbytes]}  # fmt: skip
+        offset += tensor.nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as handle:
+        handle.write(len(encoded).to_bytes(8, "little"))
+        handle.write(encoded)
+        for name in sorted(tensors):
+            tensor = tensors[name].contiguous()
+            if tensor.nbytes:
+                handle.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
 
 
 _STORED_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
@@ -314,10 +401,12 @@ def _read_tensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
         size = int.from_bytes(handle.read(8), "little")
         header = json.loads(handle.read(size))
         metadata = header.pop("__metadata__", None) or {}
-        tensors = {}
+        tensors = _sibling_views(header)
         for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
             begin, end = entry["data_offsets"]
-            tensor = torch.empty(entry["shape"], dtype=_STORED_DTYPES[entry["dtype"]])
+            tensor = tensors.get(name)
+            if tensor is None:
+                tensor = torch.empty(entry["shape"], dtype=_STORED_DTYPES[entry["dtype"]])
             if end > begin:
                 handle.seek(8 + size + begin)
                 if handle.readinto(memoryview(tensor.reshape(-1).view(torch.uint8).numpy())) != end - begin:
@@ -326,14 +415,64 @@ def _read_tensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
     return metadata, tensors
 
 
+def _sibling_views(header: dict[str, dict]) -> dict[str, torch.Tensor]:
+    """For a cache file's tensor table: the buffers of sibling projections (q/k/v, gate/up: `fusion.SIBLINGS`) as
+    views of one allocation per group and buffer name, one after the other (`_colocate_siblings` without a copy)."""
+    views: dict[str, torch.Tensor] = {}
+    for key in header:
+        path, _, buffer = key.rpartition(".")
+        parent, _, name = path.rpartition(".")
+        names = next((group for group in SIBLINGS if group[0] == name), None)
+        if names is None or key.startswith("param:"):
+            continue
+        entries = [header.get(f"{parent}.{sibling}.{buffer}") for sibling in names]
+        if any(entry is None or entry["dtype"] != entries[0]["dtype"] or len(entry["shape"]) == 0
+               or entry["shape"][1:] != entries[0]["shape"][1:] for entry in entries):  # fmt: skip
+            continue
+        rows = [entry["shape"][0] for entry in entries]
+        buffer_tensor = torch.empty([sum(rows), *entries[0]["shape"][1:]], dtype=_STORED_DTYPES[entries[0]["dtype"]])
+        start = 0
+        for sibling, count in zip(names, rows):
+            views[f"{parent}.{sibling}.{buffer}"] = buffer_tensor[start : start + count]
+            start += count
+    return views
+
+
 def _release_load_copies(plan: _Plan) -> None:
     """Drop the plan's tensors (the model holds those it uses; the projections `fuse_projections` replaced by fused
     copies go with them) and hand the heap pages freed so back to the system (`native.heap.trim_heap`)."""
-    from assisted_backends.native.heap import trim_heap
-
     plan.linears.clear()
     plan.params.clear()
     trim_heap()
+
+
+def _colocate_siblings(plan: _Plan) -> None:
+    """Put the block tensors of each group of projections `fuse_projections` will join (q/k/v, gate/up) one after the
+    other in one buffer, each sibling's field a view of it, so that the fused layer is a view of that buffer and not
+    a second copy beside the plan's (the same bytes: nothing changes in the numbers). One group is copied at a time:
+    the load holds at most one group twice."""
+    for module_path in list(plan.linears):
+        parent, _, name = module_path.rpartition(".")
+        names = next((group for group in SIBLINGS if group[0] == name), None)
+        if names is None:
+            continue
+        weights = [plan.linears.get(f"{parent}.{sibling}") for sibling in names]
+        if not all(isinstance(weight, BlockWeight) for weight in weights):
+            continue
+        fields = [weight.tensors() for weight in weights]
+        if any(set(named) != set(fields[0]) for named in fields):
+            continue
+        for field_name in fields[0]:
+            parts = [named[field_name] for named in fields]
+            if adjacent(parts) or any(part.dtype != parts[0].dtype or part.shape[1:] != parts[0].shape[1:]
+                                      for part in parts):  # fmt: skip
+                continue
+            buffer, start = torch.cat(parts), 0
+            for weight, part in zip(weights, parts):
+                setattr(weight, field_name, buffer[start : start + part.shape[0]])
+                start += part.shape[0]
+        del fields
+    trim_heap()  # the replaced copies' pages (glibc keeps small blocks resident otherwise)
 
 
 def _load_plan(path: Path) -> _Plan | None:
@@ -351,6 +490,8 @@ def _load_plan(path: Path) -> _Plan | None:
         meta = {key: value for key, value in entry.items() if key != "scheme"}
         plan.linears[module_path] = format_class(entry["scheme"]).from_buffers(stored[module_path], meta)
     plan.params = {key.removeprefix("param:"): value for key, value in tensors.items() if key.startswith("param:")}
+    del tensors, stored  # the plan holds them now: a sibling's copy replaced next is freed at once
+    _colocate_siblings(plan)
     return plan
 
 
@@ -370,6 +511,10 @@ class _Background:
             self._error = error
         self.finished = time.perf_counter()
 
+    def wait(self) -> None:
+        """Until the work is done (its exception, if any, is raised by `result()`)."""
+        self._thread.join()
+
     def result(self):
         self._thread.join()
         if self._error is not None:
@@ -385,8 +530,10 @@ def load_gguf_tokenizer(path: str | Path, use_cache: bool = True):
     path = Path(path).expanduser().resolve()
     directory = cache.entry_dir(path) if use_cache else None
     if directory is not None and (directory / "tokenizer" / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer" / "tokenizer.json"),
-                                       **_saved_settings(directory / "tokenizer"))  # fmt: skip
+        loaded = PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer" / "tokenizer.json"),
+                                         **_saved_settings(directory / "tokenizer"))  # fmt: skip
+        trim_heap()  # parsing tokenizer.json leaves freed pages resident (Gemma 3's 262k vocabulary: ~190 MB)
+        return loaded
     return _tokenizer_from_file(path, directory)
 
 
@@ -409,17 +556,23 @@ def _tokenizer_from_file(path: Path, directory: Path | None):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
-        from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+        try:
+            from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
 
-        architecture, description, settings = get_gguf_tokenizer(str(path))
-        backend, extra = convert_gguf_tokenizer(architecture, description)
-        loaded = PreTrainedTokenizerFast(tokenizer_object=backend, **settings, **extra)
-    except (ImportError, KeyError, ValueError):  # an older transformers: its AutoTokenizer path
-        loaded = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            architecture, description, settings = get_gguf_tokenizer(str(path))
+            backend, extra = convert_gguf_tokenizer(architecture, description)
+            loaded = PreTrainedTokenizerFast(tokenizer_object=backend, **settings, **extra)
+        except (ImportError, KeyError, ValueError):  # an older transformers: its AutoTokenizer path
+            loaded = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as error:  # noqa: BLE001 - a damaged vocabulary fails anywhere inside transformers / tokenizers
+        reason = (str(error).strip().splitlines() or [""])[0][:160]
+        raise GGUFModelError(path, "tokenizer.ggml.*", f"no tokenizer can be built from the file's vocabulary "
+                                                       f"({type(error).__name__}: {reason})") from None  # fmt: skip
     if directory is not None:
         target = directory / "tokenizer"
         if not target.is_dir():
             cache.write_dir_atomically(target, lambda tmp: loaded.save_pretrained(str(tmp)))
+    trim_heap()  # the converter's temporaries (the vocabulary read from the file, a copy of the backend, the JSON)
     return loaded
 
 
@@ -432,13 +585,16 @@ def load_gguf_quantized(
     use_cache: bool = True,
     cache_root: Path | None = None,
     compact: tuple[str, ...] = (),
+    native: bool = True,
 ) -> LoadedGGUF:
     """A transformers causal LM for the GGUF file `path` with quantized weights (see the module docstring).
 
     scheme: "file" (each tensor in the kernel layout nearest its own format), "int8", "int4"
     (requantized, groups of `group_size`) or "dense" (fp32). dtype: the kernels' compute dtype
     (bf16: fast; fp32: the exact reference, slow). compact: GGUF formats to store as int8 per row
-    rather than exactly ("Q6_K": 1 byte a weight instead of 2; see `gguf.kernel_layout`).
+    rather than exactly ("Q6_K": 1 byte a weight instead of 2; see `gguf.kernel_layout`). native: the model stepped
+    by the native decoder where it covers it (the default; `LoadedGGUF.step` says which path runs and why); False
+    keeps transformers' modeling (hooks on its layers run, as `train-draft` needs).
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r} is not one of {SCHEMES}")
@@ -462,9 +618,11 @@ def load_gguf_quantized(
         plan = _load_plan(weights)
         if plan is not None:
             config = AutoConfig.from_pretrained(str(directory))
+            check_file(read_header(path), config)  # milliseconds; an entry cached by an older package was not checked
             model = _install(_skeleton(config), plan)
             fuse_projections(model)
             _release_load_copies(plan)
+            stepped = LoadedGGUF.stepped(model, native)
             ready = time.perf_counter() - started
             # After the model: a tokenizer thread started earlier would slow the model's build (GIL).
             pending = None
@@ -472,11 +630,13 @@ def load_gguf_quantized(
                 pending = _Background(lambda: load_gguf_tokenizer(path), started)
             elif tokenizer:
                 pending = _Background(lambda: _tokenizer_from_file(path, directory), started)
-            return LoadedGGUF(model, pending, directory, True, ready, plan.report)
+            return LoadedGGUF(stepped, pending, directory, True, ready, plan.report, model)
 
     header = read_header(path)
     config = load_config(header)
     pending = _Background(lambda: _tokenizer_from_file(path, directory), started) if tokenizer else None
+    if pending is not None:  # built before the weights: its peak (a 262k vocabulary: +350 MiB) is then not on theirs
+        pending.wait()
     model = _skeleton(config)
     plan = _plan_from_file(model, header, config, scheme, group_size, dtype, compact)
     model = _install(model, plan)
@@ -486,4 +646,5 @@ def load_gguf_quantized(
             cache.write_atomically(directory / "config.json", lambda tmp: tmp.write_text(config.to_json_string()))
         _save_plan(weights, plan)
     _release_load_copies(plan)
-    return LoadedGGUF(model, pending, directory, False, time.perf_counter() - started, plan.report)
+    stepped = LoadedGGUF.stepped(model, native)
+    return LoadedGGUF(stepped, pending, directory, False, time.perf_counter() - started, plan.report, model)

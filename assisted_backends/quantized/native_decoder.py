@@ -481,7 +481,9 @@ class NativeCausalLM(nn.Module):
 
 def native_model(model: nn.Module) -> nn.Module:
     """`model` stepped natively where it is covered and the switch allows; else `model` itself, its `step_report`
-    saying why not."""
+    saying why not. A model already stepped natively comes back as it is."""
+    if isinstance(model, NativeCausalLM):
+        return model
     why = why_unavailable(model)
     if why is None:
         return NativeCausalLM(model)

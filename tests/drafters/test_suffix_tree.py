@@ -106,7 +106,7 @@ def test_a_gguf_target_with_trees_is_exact(tmp_path, tree_passes):
     pytest.importorskip("gguf", reason="the GGUF tests need the gguf package: pip install gguf")
     path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", "Q4_0")
     backend = CPUBackend(BackendOptions())
-    target = backend.prepare(load_gguf_quantized(path, tokenizer=False).model, "target")
+    target = backend.prepare(load_gguf_quantized(path, tokenizer=False).reference, "target")
     prompt = torch.randint(3, 200, (1, 10), generator=torch.Generator().manual_seed(0))
     plain = generate(target, prompt, max_new_tokens=24, backend=backend).sequences
     cache = competing_cache(prompt, plain[0, 10:].tolist())

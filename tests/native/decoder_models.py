@@ -94,7 +94,7 @@ def tiny_llama(directory: str, tied: bool = False):
     from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     path = write_tiny_llama(Path(directory) / f"tiny-llama{'-tied' if tied else ''}.gguf", tied=tied)
-    reference = load_gguf_quantized(path, tokenizer=False, use_cache=False).model
+    reference = load_gguf_quantized(path, tokenizer=False, use_cache=False).reference
     invariant_attention.enable(reference)
     return reference, NativeCausalLM(reference)
 

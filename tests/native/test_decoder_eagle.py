@@ -38,7 +38,7 @@ def _models(directory: str):
     from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     path = write_tiny_llama(Path(directory) / "tiny-llama-4.gguf", seed=3, layers=LAYERS)
-    reference = load_gguf_quantized(path, tokenizer=False, use_cache=False).model
+    reference = load_gguf_quantized(path, tokenizer=False, use_cache=False).reference
     invariant_attention.enable(reference)
     return reference, NativeCausalLM(reference)
 

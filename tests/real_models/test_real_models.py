@@ -321,7 +321,7 @@ def test_generate_takes_a_gguf_path(smollm2):
     plain = assisted_backends.generate(path, ids, max_new_tokens=12, do_sample=False)
     result = assisted_backends.generate(path, ids, prompt_lookup_num_tokens=4, max_new_tokens=12, do_sample=False)
     _assert_identical(tokenizer, ids.shape[1], plain.sequences, result)
-    loaded = native_model(load_gguf_quantized(path, tokenizer=False).model.eval())
+    loaded = native_model(load_gguf_quantized(path, tokenizer=False).reference.eval())
     result = assisted_backends.generate(loaded, ids, max_new_tokens=12)
     _assert_identical(tokenizer, ids.shape[1], plain.sequences, result)
 

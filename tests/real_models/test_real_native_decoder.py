@@ -38,7 +38,7 @@ NEW = 300
 @pytest.fixture(scope="module", params=["smollm2-135m-instruct", "gemma-3-270m"])
 def real_model(request):
     loaded = load_gguf_quantized(real_model_gguf(request.param))
-    reference = loaded.model
+    reference = loaded.reference
     invariant_attention.enable(reference)
     why = why_unavailable(reference)
     assert why is None, why

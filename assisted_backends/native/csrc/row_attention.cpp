@@ -37,16 +37,28 @@ bool has_avx2() { return ab_cpu::has(ab_cpu::features(), ab_cpu::kAvx2 | ab_cpu:
 at::Tensor row_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                          const c10::optional<at::Tensor>& mask, const at::Tensor& lengths, double scale, int64_t isa) {
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "row_attention: q, k, v must be 4-D");
+  for (const at::Tensor* x : {&query, &key, &value})
+    TORCH_CHECK(at::isFloatingType(x->scalar_type()), "row_attention: q, k, v must be floating point, got ",
+                x->scalar_type());
+  const int64_t b = query.size(0), h = query.size(1), m = query.size(2), d = query.size(3);
+  const int64_t hkv = key.size(1), t = key.size(2);
+  TORCH_CHECK(hkv >= 1 && h % hkv == 0, "row_attention: ", h, " query heads over ", hkv,
+              " key/value heads: at least one, the query heads a multiple of them");
+  TORCH_CHECK(key.size(0) == b && value.size(0) == b && value.size(1) == hkv && value.size(2) == t &&
+                  key.size(3) == d && value.size(3) == d,
+              "row_attention: q ", query.sizes(), ", k ", key.sizes(), ", v ", value.sizes(),
+              " disagree: q [B, H, M, D], k and v [B, Hkv, T, D]");
+  TORCH_CHECK(lengths.dim() <= 1 && lengths.numel() == m && !at::isComplexType(lengths.scalar_type()),
+              "row_attention: lengths must hold one length per query row (", m, "), got ", lengths.sizes());
   const at::Tensor q = query.to(at::kFloat).contiguous();
   const at::Tensor k = key.to(at::kFloat).contiguous();
   const at::Tensor v = value.to(at::kFloat).contiguous();
-  const int64_t b = q.size(0), h = q.size(1), m = q.size(2), d = q.size(3), hkv = k.size(1), t = k.size(2);
-  TORCH_CHECK(h % hkv == 0 && v.size(2) == t && k.size(3) == d && v.size(3) == d, "row_attention: shapes disagree");
-  TORCH_CHECK(lengths.numel() == m, "row_attention: one length per query row");
   at::Tensor ok;
   const bool* okp = nullptr;
   int64_t mask_heads = 1;
   if (mask.has_value() && mask->defined()) {
+    TORCH_CHECK(mask->dim() == 4 && (mask->size(1) == 1 || mask->size(1) == h),
+                "row_attention: the mask must be [B, 1 or H, M, T], got ", mask->sizes());
     ok = mask->to(at::kBool).expand({b, mask->size(1), m, t}).contiguous();
     mask_heads = ok.size(1);
     okp = ok.data_ptr<bool>();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -29,6 +30,9 @@ using ab_math::row_scalar;
 inline void attend(const float* q, const float* k, const float* v, float* out, int64_t B, int64_t H, int64_t Hkv,
                    int64_t M, int64_t D, int64_t C, int64_t start, int64_t window, const bool* allowed, float scale,
                    bool vector) {
+  TORCH_CHECK(H >= 1 && Hkv >= 1 && H % Hkv == 0 && D >= 1 && start >= 0 && M >= 0 && start + M <= C && window >= 0,
+              "native attention: ", H, " heads over ", Hkv, " key/value heads of ", D, ", rows ", start, "..",
+              start + M, " of a cache of ", C, ": heads a multiple of the key/value heads, the rows inside the cache");
   const int64_t group = H / Hkv;
   const int64_t rows = B * H * M;
   const int64_t keys_per_row = std::min<int64_t>(start + M, window > 0 ? window : start + M);

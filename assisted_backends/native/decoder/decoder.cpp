@@ -81,6 +81,37 @@ struct Linear {
   }
 };
 
+// A Linear's fields against its tensors, as the kernels' `weights_of` checks them: `dequantize_row` reads the
+// embedding table here without going through the kernel, so a table that does not hold n x k values is refused
+// before any row is read. `what` names it in the message; n x k: the shape the model needs (0: not checked).
+void check_linear(const Linear& w, const char* what, int64_t n, int64_t k) {
+  TORCH_CHECK(w.codes.defined() && w.d.defined(), "decoder: ", what, ": no weight");
+  TORCH_CHECK(n == 0 || w.n == n, "decoder: ", what, " has ", w.n, " rows, the model needs ", n);
+  TORCH_CHECK(k == 0 || w.k == k, "decoder: ", what, " has ", w.k, " columns, the model needs ", k);
+  TORCH_CHECK(w.n >= 1 && w.k >= 1, "decoder: ", what, " is empty");
+  TORCH_CHECK(w.bits == 4 || w.bits == 5 || w.bits == 6 || w.bits == 8, "decoder: ", what, ": bits 4, 5, 6 or 8");
+  TORCH_CHECK((w.group == 32 || w.group == 16) && w.sb >= 1 && w.k % (w.group * w.sb) == 0,
+              "decoder: ", what, ": K must be whole super-blocks of its groups");
+  const int64_t tiles = (w.n + kTile - 1) / kTile, groups = w.k / w.group, supers = groups / w.sb;
+  TORCH_CHECK(w.codes.is_contiguous() && w.codes.scalar_type() == at::kByte &&
+                  w.codes.numel() == tiles * groups * ab_blocks::group_bytes_of(int(w.bits), int(w.group)),
+              "decoder: ", what, ": codes have the wrong size or type");
+  TORCH_CHECK(w.d.is_contiguous() && w.d.scalar_type() == at::kHalf && w.d.numel() == tiles * supers * kTile,
+              "decoder: ", what, ": d has the wrong size or type");
+  TORCH_CHECK(!w.dmin || (w.dmin->is_contiguous() && w.dmin->scalar_type() == at::kHalf && w.dmin->numel() == w.d.numel()),
+              "decoder: ", what, ": dmin has the wrong size or type");
+  for (const OptTensor* t : {&w.sc, &w.mn})
+    TORCH_CHECK(!*t || ((*t)->is_contiguous() && (*t)->scalar_type() == at::kChar && (*t)->numel() == tiles * groups * kTile),
+                "decoder: ", what, ": sc / mn have the wrong size or type");
+  TORCH_CHECK(!w.bias || w.bias->numel() == w.n, "decoder: ", what, ": the bias must have ", w.n, " values");
+}
+
+// A norm's multiplier: fp32, `n` values.
+void check_norm(const at::Tensor& w, const char* what, int64_t n) {
+  TORCH_CHECK(w.defined() && w.dim() == 1 && w.size(0) == n && w.scalar_type() == at::kFloat, "decoder: ", what,
+              " must be fp32 [", n, "], got ", w.defined() ? w.sizes() : at::IntArrayRef{});
+}
+
 struct Layer {
   std::vector<Linear> qkv;      // one fused [q; k; v] or three
   Linear o;
@@ -189,8 +220,15 @@ class Decoder {
         eps_(float(eps)), scale_(scale), final_norm_(final_norm.contiguous()), embedding_(std::move(embedding)),
         embed_scale_(float(embed_scale)), head_(std::move(head)), activation_(activation) {
     TORCH_CHECK(activation == kSilu || activation == kGeluTanh, "decoder: activation 0 (SiLU) or 1 (GELU tanh)");
+    TORCH_CHECK(hidden >= 1 && intermediate >= 1, "decoder: hidden ", hidden, " and intermediate ", intermediate,
+                " must be at least 1");
+    TORCH_CHECK(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0, "decoder: ", heads, " heads and ", kv_heads,
+                " key/value heads: both at least 1, the heads a multiple of the key/value heads");
+    TORCH_CHECK(head_dim >= 2 && head_dim % 2 == 0, "decoder: head_dim must be even and at least 2, got ", head_dim);
+    check_norm(final_norm_, "the final norm", hidden);
+    if (embedding_.codes.defined() || embedding_.n != 0) check_linear(embedding_, "the embedding table", 0, hidden);
+    check_linear(head_, "the LM head", 0, hidden);
     linear_.emplace(c10::Dispatcher::singleton().findSchemaOrThrow("assisted_backends::block_linear", "").typed<LinearFn>());
-    TORCH_CHECK(head_dim % 2 == 0, "decoder: head_dim must be even");
   }
 
   void add_layer(std::vector<Linear> qkv, Linear o, std::vector<Linear> gate_up, Linear down, at::Tensor input_norm,
@@ -199,8 +237,42 @@ class Decoder {
     TORCH_CHECK(qkv.size() == 1 || qkv.size() == 3, "decoder: q/k/v as one fused matrix or three");
     TORCH_CHECK(gate_up.size() == 1 || gate_up.size() == 2, "decoder: gate/up as one fused matrix or two");
     TORCH_CHECK(table == 0 || table == 1, "decoder: rotary table 0 or 1");
-    layers_.push_back(Layer{std::move(qkv), std::move(o), std::move(gate_up), std::move(down), input_norm.contiguous(),
-                            mlp_norm.contiguous(), attention_out_norm, mlp_out_norm, q_norm, k_norm, window, table});
+    TORCH_CHECK(window >= 0, "decoder: a sliding window of ", window);
+    // every matrix's [n, k] against the model's sizes: the step indexes their outputs by these
+    const int64_t D = hidden_, Q = heads_ * head_dim_, KV = kv_heads_ * head_dim_, I = intermediate_;
+    if (qkv.size() == 1) {
+      check_linear(qkv[0], "the fused q/k/v projection", Q + 2 * KV, D);
+    } else {
+      check_linear(qkv[0], "the q projection", Q, D);
+      check_linear(qkv[1], "the k projection", KV, D);
+      check_linear(qkv[2], "the v projection", KV, D);
+    }
+    check_linear(o, "the output projection", D, Q);
+    if (gate_up.size() == 1) {
+      check_linear(gate_up[0], "the fused gate/up projection", 2 * I, D);
+    } else {
+      check_linear(gate_up[0], "the gate projection", I, D);
+      check_linear(gate_up[1], "the up projection", I, D);
+    }
+    check_linear(down, "the down projection", D, I);
+    input_norm = input_norm.contiguous();
+    mlp_norm = mlp_norm.contiguous();
+    check_norm(input_norm, "the input norm", D);
+    check_norm(mlp_norm, "the MLP norm", D);
+    for (OptTensor* t : {&attention_out_norm, &mlp_out_norm}) {
+      if (*t) {
+        *t = (*t)->contiguous();
+        check_norm(**t, "a block's output norm", D);
+      }
+    }
+    for (OptTensor* t : {&q_norm, &k_norm}) {
+      if (*t) {
+        *t = (*t)->contiguous();
+        check_norm(**t, "the q / k norm", head_dim_);
+      }
+    }
+    layers_.push_back(Layer{std::move(qkv), std::move(o), std::move(gate_up), std::move(down), input_norm, mlp_norm,
+                            attention_out_norm, mlp_out_norm, q_norm, k_norm, window, table});
   }
 
   void set_rotary(int64_t table, at::Tensor cos, at::Tensor sin) {  // [P, Dh] each: positions 0..P-1
@@ -226,10 +298,21 @@ class Decoder {
                   const std::vector<at::Tensor>& values, const OptTensor& mask, int64_t keep, int64_t isa,
                   const OptTensor& embedded, const std::vector<int64_t>& tap_layers, const OptTensor& taps) {
     TORCH_CHECK(tokens.dim() == 2 && positions.sizes() == tokens.sizes(), "decoder: tokens and positions are [B, M]");
+    TORCH_CHECK(layers() >= 1, "decoder: no layers (add_layer first)");
     TORCH_CHECK(int64_t(keys.size()) == layers() && int64_t(values.size()) == layers(), "decoder: one cache per layer");
     const int64_t B = tokens.size(0), M = tokens.size(1), R = B * M, D = hidden_, Dh = head_dim_;
     const int64_t H = heads_, Hkv = kv_heads_, I = intermediate_;
     TORCH_CHECK(R > 0, "decoder: no rows");
+    // each layer's keys and values written and read in place: [B, Hkv, C, Dh] fp32, contiguous, one C for all
+    const int64_t C = keys[0].dim() == 4 ? keys[0].size(2) : -1;
+    for (int64_t l = 0; l < layers(); ++l) {
+      for (const at::Tensor* t : {&keys[l], &values[l]}) {
+        TORCH_CHECK(t->defined() && t->dim() == 4 && t->size(0) == B && t->size(1) == Hkv && t->size(2) == C &&
+                        t->size(3) == Dh && t->scalar_type() == at::kFloat && t->is_contiguous(),
+                    "decoder: layer ", l, "'s cache must be contiguous fp32 [", B, ", ", Hkv, ", C, ", Dh,
+                    "] with one C for every layer, got ", t->defined() ? t->sizes() : at::IntArrayRef{});
+      }
+    }
     float* tapp = nullptr;
     if (!tap_layers.empty()) {
       TORCH_CHECK(taps && taps->scalar_type() == at::kFloat && taps->is_contiguous() &&

@@ -19,6 +19,7 @@ the package's cache, so nothing is built twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -189,11 +190,9 @@ class Worker:
             self._start()
         assert self.process is not None and self.process.stdin is not None
         started = time.monotonic()
-        try:
+        with contextlib.suppress(BrokenPipeError):  # the worker died: `_read` sees it and the case is reported
             self.process.stdin.write(json.dumps({"name": name, "path": str(path)}) + "\n")
             self.process.stdin.flush()
-        except BrokenPipeError:
-            pass
         line = self._read(self.timeout)
         if line is not None:
             return Answer(**json.loads(line))
@@ -210,11 +209,9 @@ class Worker:
             self.process.kill()
         self.last_returncode = self.process.wait()
         for stream in (self.process.stdin, self.process.stdout):
-            try:
-                if stream is not None:
+            if stream is not None:
+                with contextlib.suppress(OSError):  # a pipe the dead worker left broken: nothing left to flush
                     stream.close()
-            except OSError:
-                pass
         self.process = None
 
 

@@ -130,6 +130,23 @@ def test_the_command_line_leaves_only_the_repacked_weights_and_the_tokenizer(tin
     assert len(weights) == 1 and weights[0].endswith(".safetensors")
 
 
+def test_the_command_line_builds_the_tokenizer_before_the_weights(tiny_gguf, tmp_path, _private_cache, monkeypatch):
+    # a 262k-token vocabulary peaks at +350 MiB while it is built: before the weights, that peak is not on theirs
+    from assisted_backends.cli import session
+
+    order: list[str] = []
+    for name, label in (("load_tokenizer", "tokenizer"), ("load_with_progress", "weights")):
+        real = getattr(session, name)
+
+        def recorded(*args, _real=real, _label=label, **kwargs):
+            order.append(_label)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(session, name, recorded)
+    assert _cli_text(tiny_gguf, tmp_path / "ordered.json", "--no-assisted")
+    assert order == ["tokenizer", "weights"], order
+
+
 @pytest.fixture
 def native_calls(monkeypatch) -> list[int]:
     """Counts forwards of the native decoder step."""

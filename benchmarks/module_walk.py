@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 WATCHED = ("engine/round.py", "engine/runner.py")
-BUFFER_TYPES = ("TokenBuffer", "OneRowView")
+BUFFER_TYPES = ("Slots", "OneSlotView")
 
 
 def _arguments(frame) -> list:

@@ -1,4 +1,4 @@
-"""SmolLM2-135M's (or Gemma 3 270M's) `.gguf` step on the native decoder (`quantized.native_decoder`) against
+"""SmolLM2-135M's (or Gemma 3 270M's) `.gguf` step on the native decoder (`native.decoder_model`) against
 today's path (transformers' modeling on the same kernels, batch-invariant attention) and llama.cpp's own llama-bench.
 
     python -m benchmarks.native_step [--model smollm2-135m-instruct] [--threads 1 2] [--repeats 7] [--tokens 32]
@@ -164,8 +164,8 @@ def memory_stages(model: str) -> dict[str, float]:
 
     stages["torch_and_transformers_mib"] = base["VmRSS"]
     from assisted_backends.native import extension
+    from assisted_backends.native.decoder_model import NativeCausalLM
     from assisted_backends.quantized.model import load_gguf_quantized
-    from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     extension.status()
     stage("package_modules_and_kernels")
@@ -214,8 +214,8 @@ def main() -> None:
     imports_mib = _rss_mib()
     from assisted_backends import hf_compat
     from assisted_backends.backends.cpu import invariant_attention
+    from assisted_backends.native.decoder_model import NativeCausalLM
     from assisted_backends.quantized.model import load_gguf_quantized
-    from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     path = ensure_real_gguf(arguments.model)
     reference = load_gguf_quantized(path, tokenizer=False).reference

@@ -5,7 +5,7 @@ which is checked). Ratio = Σ chain seconds / Σ tree seconds (> 1: trees faster
 
     ASSISTED_BACKENDS_NATIVE=off python -m benchmarks.suffix_trees --workloads code --requests 16
 
-The native decoder (`quantized.native_decoder`, the .gguf default) verifies chains only: `ASSISTED_BACKENDS_NATIVE=off`
+The native decoder (`native.decoder_model`, the .gguf default) verifies chains only: `ASSISTED_BACKENDS_NATIVE=off`
 runs both methods through transformers' modeling on the package's kernels, where trees are verified.
 """
 

@@ -65,8 +65,8 @@ def _path(name: str) -> Path:
 
 def decoding(name: str, rounds: int) -> dict[str, float]:
     """Decode tokens/s: 1 thread, 2 under the rule, 2 under the previous rule."""
+    from assisted_backends.native.decoder_model import NativeCausalLM
     from assisted_backends.quantized.model import load_gguf_quantized
-    from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     native = NativeCausalLM(load_gguf_quantized(_path(name), tokenizer=False).reference)
     run, _ = _decoder(native, native.new_native_cache, 32)

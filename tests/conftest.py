@@ -22,6 +22,15 @@ extension.status()  # build (once per machine) or load the package's kernels bef
 
 
 @pytest.fixture(autouse=True)
+def _no_opened_models_between_tests():
+    """Models opened by name are kept per process (`loading.open.opened_model`); each test starts without them."""
+    yield
+    from assisted_backends.loading.open import forget_opened_models
+
+    forget_opened_models()
+
+
+@pytest.fixture(autouse=True)
 def _deterministic_seed():
     torch.manual_seed(1234)
 

@@ -19,10 +19,13 @@ A call is resolved into a frozen plan (`api.plan`), then run (`api.run`). Argume
 - `suffix_cache`: suffix decoding, no draft model (`drafters.suffix`): True drafts from the cache this process keeps
   for the target (every call given True adds its prompts and outputs to it), a `SuffixCache` object from that
   one (share it between calls, generators and queues explicitly); given to `AssistedGenerator` (or `enable`), the
-  default of its calls.
+  default of its calls;
+- `prefix_cache`: keys and values of earlier prompts' prefixes reused across calls (`api.prefix`): None (default) on
+  where that is exact (the native decoder step of a `.gguf` target), True on, False off, or a `PrefixCache`;
+  given to `AssistedGenerator`, the default of its calls; `stats.prefix_reused` counts the prompt tokens reused.
 Greedy output is token-identical to the target's `model.generate`; sampling draws from the same
 distribution (lossless speculative sampling). `model` / `assistant_model` may name a saved model
-directory, a `.gguf` file (or a directory holding one) or a Hub id (`loading.models`).
+directory, a `.gguf` file (or a directory holding one) or a Hub id (`loading.open`).
 """
 
 from __future__ import annotations
@@ -37,21 +40,25 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from assisted_backends.api import threads as cpu_threads
-from assisted_backends.api.plan import CallSettings, GenerationPlan, QueueShape, plan_generation
+from assisted_backends.api.plan import GenerationPlan, plan_generation
+from assisted_backends.api.prefix import prefix_scope
 from assisted_backends.api.queue import DEFAULT_SLOTS, PromptLike, QueueResult, as_prompts, generate_many
 from assisted_backends.api.run import GenerateResult, launched_ranks, run
 from assisted_backends.backends.base import Backend, BackendOptions, unprepared
 from assisted_backends.backends.registry import resolve_backend
 from assisted_backends.drafters.suffix.cache import SuffixCache, cache_for
-from assisted_backends.loading import models
+from assisted_backends.engine.prefix_cache import PrefixCache, PrefixScope
+from assisted_backends.loading.open import open_arguments
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
 from assisted_backends.options.errors import refusal
+from assisted_backends.options.request import CallArguments, CallSettings, QueueShape
+from assisted_backends.options.resolve import build_request
 
 __all__ = ["AssistedGenerator", "GenerateResult", "ModelSetup", "generate", "generate_queue"]
 
 ModelArgument = PreTrainedModel | str | os.PathLike
-NAMES = (str, os.PathLike)  # model arguments that name a directory, a .gguf file or a Hub id (`loading.models`)
+NAMES = (str, os.PathLike)  # model arguments that name a directory, a .gguf file or a Hub id (`loading.open`)
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,7 @@ class ModelSetup:
     backend: Backend | None = None
     threads: int | None = None
     suffix_cache: SuffixCache | bool | None = None
+    prefix_cache: PrefixCache | PrefixScope | bool | None = None
 
     @classmethod
     def names(cls) -> frozenset[str]:
@@ -116,13 +124,14 @@ class AssistedGenerator:
         backend: Backend | None = None,
         threads: int | None = None,
         suffix_cache: SuffixCache | bool | None = None,
+        prefix_cache: PrefixCache | PrefixScope | bool | None = None,
     ) -> None:
         ranges.check_integer("bucket_size", bucket_size, minimum=1)
         ranges.check_integer("threads", threads, minimum=1)
         self.threads = threads
         model, assistant_model = unprepared(model), unprepared(assistant_model)  # a backend's wrapper: its model
         if isinstance(model, NAMES) or isinstance(assistant_model, NAMES):
-            model, assistant_model, tokenizer, assistant_tokenizer = models.load_arguments(
+            model, assistant_model, tokenizer, assistant_tokenizer = open_arguments(
                 model, assistant_model, tokenizer, assistant_tokenizer, dtype, draft_precision
             )
         check_materialized(model, "model")
@@ -133,6 +142,13 @@ class AssistedGenerator:
         self.facts = ModelFacts.of(self.model)
         self.draft_facts = ModelFacts.of(self.assistant_model) if self.assistant_model is not None else None
         self.suffix_cache = None if suffix_cache is None else cache_for(suffix_cache, self.model)  # None: off
+        # None: on where reuse is exact (`api.prefix.exact_reuse`), which only a model making its own cache can be
+        native = callable(getattr(self.model, "new_native_cache", None))
+        self.prefix_cache = prefix_scope(prefix_cache, self.model) if prefix_cache is not None or native else None
+
+    def prefix_for(self, value: PrefixCache | PrefixScope | bool | None) -> PrefixScope | None:
+        """The prefix cache a call with `prefix_cache=value` uses (None: the generator's own; `api.prefix`)."""
+        return self.prefix_cache if value is None else prefix_scope(value, self.model)
 
     def _set_threads(self) -> None:
         """torch's thread count for a call (`api.threads.for_call`), unless a call without `threads=` finds it
@@ -160,33 +176,23 @@ class AssistedGenerator:
     ) -> GenerationPlan:
         """The plan of `generate(input_ids, ...)` with these arguments; nothing runs. `suffix_cache` (None: the
         generator's own) as `generate` takes it; `queue`: the shape of a queue whose first batch `input_ids` is
-        (`api.queue`)."""
+        (`api.queue`). The arguments become the call's `GenerationRequest` here, checked once
+        (`options.resolve.build_request`), and planning takes that."""
         cache = self.suffix_cache if suffix_cache is None else cache_for(suffix_cache, self.model)
-        return plan_generation(
-            self.model,
-            self.facts,
-            self.backend,
-            input_ids,
-            attention_mask,
-            generation_config,
-            kwargs,
-            CallSettings(schedule, seed, cache_layout, static_shapes, streaming, cache),
-            assistant_model=self.assistant_model,
-            draft_facts=self.draft_facts,
-            tokenizer=self.tokenizer,
-            assistant_tokenizer=self.assistant_tokenizer,
-            stopping_criteria=stopping_criteria,
-            logits_processor=logits_processor,
-            prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-            multi_rank=launched_ranks() is not None,
-            queue=queue,
-        )
+        call = CallArguments(
+            input_ids, attention_mask, generation_config, kwargs, stopping_criteria, logits_processor,
+            prefix_allowed_tokens_fn,
+        )  # fmt: skip
+        settings = CallSettings(schedule, seed, cache_layout, static_shapes, streaming, cache)
+        request = build_request(self.model, self.facts, self.tokenizer, call, settings, queue)
+        return plan_generation(self, request, multi_rank=launched_ranks() is not None)
 
     def generate(self, input_ids: torch.Tensor | None = None, *, streamer=None, **arguments: Any) -> GenerateResult:
         """Plan and run one call (arguments as `generate` takes them, models and device excepted)."""
+        prefix = self.prefix_for(arguments.pop("prefix_cache", None))
         plan = self.plan(input_ids, streaming=streamer is not None, **arguments)
         self._set_threads()
-        result = run(plan, self.model, self.facts, self.backend, self.assistant_model, streamer)
+        result = run(plan, self, streamer, prefix)
         if plan.draft.suffix_cache is not None:
             remember_batch(plan.draft.suffix_cache, plan, result.sequences)
         return result

@@ -1,64 +1,43 @@
 """`plan_generation`: the pure step of a call, everything decided before a model runs, as one frozen plan.
 
-A call resolves into: its options (`options.resolve`: precedence, lengths, special tokens, criteria),
-the drafter (`drafters.factory.plan_drafting`), the schedule (`engine.schedule.choose_schedule`), and
-the shapes the backend asks for (cache layout, bucket padding, filler rows, capacity). A queue of prompts
-(`api.queue`) plans here too, its shape (`QueueShape`) an input. Every refusal of a call is raised here or
-below (`options.fields` holds them), before a model is prepared: `api.run.run` executes what planning
-accepted. Nothing here runs or moves a model: a test can inspect a plan.
+A call arrives as its `GenerationRequest` (`options.request`: its options resolved and checked by
+`options.resolve.build_request`) and is planned into: the drafter (`drafters.factory.plan_drafting`), the
+schedule (`engine.schedule.choose_schedule`), and the shapes the backend asks for (cache layout, bucket padding,
+filler rows, capacity). A queue of prompts (`api.queue`) plans here too, its shape in its request. Every refusal
+of a call is raised here or below (`options.fields` holds them), before a model is prepared: `api.run.run`
+executes what planning accepted. Nothing here runs or moves a model: a test can inspect a plan.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from assisted_backends.backends.base import Backend, PaddingPolicy
 from assisted_backends.drafters.factory import DraftSpec, drafting_request, plan_drafting
-from assisted_backends.engine.schedule import ScheduleSpec, choose_schedule
+from assisted_backends.engine.schedule import ScheduleChoice, ScheduleSpec, choose_schedule
 from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
-from assisted_backends.options.errors import refusal
-from assisted_backends.options.fields import (
-    DEFAULT_NUM_ASSISTANT_TOKENS,
-    MAX_ADAPTIVE_GAMMA,
-    QUEUE_REFUSED,
-    SUFFIX_MAX_GAMMA,
-)
-from assisted_backends.options.resolve import GenerationOptions, resolve
+from assisted_backends.options.fields import DEFAULT_NUM_ASSISTANT_TOKENS, MAX_ADAPTIVE_GAMMA, SUFFIX_MAX_GAMMA
+from assisted_backends.options.ranges import DraftingRequest
+from assisted_backends.options.request import GenerationOptions, GenerationRequest, QueueShape
 
 
-@dataclass(frozen=True)
-class QueueShape:
-    """A queue of prompts (`api.queue`), as planning takes it: `slots` batch rows, each refilled as its row ends,
-    for `prompts` prompts whose longest is `longest` tokens (the buffer's width; the schedule's horizon is the
-    tokens each slot makes over the queue). A live queue (`context` given: prompts keep arriving, each with its own
-    limit) has a buffer of `context` columns and no horizon."""
+class Models(Protocol):
+    """The target and its draft as a call reads them (an `AssistedGenerator`: read once, for every call): the
+    models, their facts, their tokenizers and the backend they run on."""
 
-    slots: int
-    prompts: int
-    longest: int
-    context: int | None = None
-
-    @property
-    def live(self) -> bool:
-        return self.context is not None
-
-
-@dataclass(frozen=True)
-class CallSettings:
-    """The package's own arguments of a call (everything else is a GenerationConfig field or a model input)."""
-
-    schedule: str | None = None
-    seed: int | None = None
-    cache_layout: str | None = None
-    static_shapes: bool = False
-    streaming: bool = False
-    suffix_cache: Any = None  # a `SuffixCache` (resolved by the entry point), or None
+    model: PreTrainedModel
+    facts: ModelFacts
+    backend: Backend
+    assistant_model: PreTrainedModel | None
+    draft_facts: ModelFacts | None
+    tokenizer: Any
+    assistant_tokenizer: Any
 
 
 @dataclass(frozen=True)
@@ -113,80 +92,25 @@ def batch_bucket(batch: int) -> int:
     return 1 << (batch - 1).bit_length()
 
 
-def plan_generation(
-    model: PreTrainedModel,
-    facts: ModelFacts,
-    backend: Backend,
-    input_ids: torch.Tensor | None,
-    attention_mask: torch.Tensor | None,
-    generation_config: GenerationConfig | None,
-    kwargs: dict[str, Any],
-    settings: CallSettings = CallSettings(),
-    *,
-    assistant_model: PreTrainedModel | None = None,
-    draft_facts: ModelFacts | None = None,
-    tokenizer: Any = None,
-    assistant_tokenizer: Any = None,
-    stopping_criteria: Any = None,
-    logits_processor: Any = None,
-    prefix_allowed_tokens_fn: Any = None,
-    multi_rank: bool = False,
-    queue: QueueShape | None = None,
-) -> GenerationPlan:
-    """Resolve one call (or a queue's, `queue` its shape) into a `GenerationPlan` (no model runs); every refusal
-    is raised here."""
-    seed = ranges.check_integer("seed", settings.seed)
-    ranges.check_shapes(settings.cache_layout, settings.static_shapes, settings.schedule, None)
-    facts.check_rollback("target")
-    options = resolve(
-        model, facts, input_ids, attention_mask, generation_config, kwargs, stopping_criteria, tokenizer,
-        logits_processor, prefix_allowed_tokens_fn,
-    )  # fmt: skip
-    batch = options.input_ids.shape[0]
-    ranges.check_streaming(settings.streaming, batch)
-    if queue is not None:
-        check_queue_options(options)
-    fields = options.drafting
-    request = drafting_request(
-        assistant_model, fields.prompt_lookup_num_tokens, fields.assistant_early_exit, settings.suffix_cache,
-        fields.num_assistant_tokens,
-    )  # fmt: skip
+def plan_generation(models: Models, request: GenerationRequest, multi_rank: bool = False) -> GenerationPlan:
+    """Plan `request` (a call's, or a queue's first batch with the queue's shape) on `models` into a
+    `GenerationPlan` (no model runs); every refusal not raised by the request's own checks is raised here.
+    `multi_rank`: part of a multi-rank launch (no head on demand)."""
+    models.facts.check_rollback("target")
+    options, settings = request.options, request.settings
+    asked = _drafting_asked(models, request)
+    backend = models.backend
     padding = backend.padding(settings.static_shapes)
     static = padding.static_shapes
     draft = plan_drafting(
-        facts, request, assistant_model, draft_facts, tokenizer, assistant_tokenizer, settings.suffix_cache, static
-    )
-    schedule = None
-    if draft.speculates:
-        gamma = request.num_assistant_tokens
-        if draft.lookup_tokens is not None and gamma is not None:
-            gamma = draft.lookup_tokens  # γ fixed at the lookup's count, as transformers uses it
-        schedule = choose_schedule(
-            settings.schedule,
-            gamma,
-            static,
-            draft.lookup_tokens or DEFAULT_NUM_ASSISTANT_TOKENS,
-            draft.lookup_tokens or (SUFFIX_MAX_GAMMA if draft.kind == "suffix" else MAX_ADAPTIVE_GAMMA),
-            cost_prior=draft.cost_ratio,
-            seeded_sampling=options.sampling.do_sample and seed is not None,
-            horizon=_horizon(options.max_new_tokens, queue),
-            prompt_pass_prior=draft.prompt_pass_ratio,
-            acceptance_prior=draft.acceptance_prior,
-        )
-    layout = "static" if static else (settings.cache_layout or backend.cache_layout_for(model, assistant_model))
-    prompt_length = options.input_ids.shape[1]
-    bucket_pad = (-prompt_length) % padding.bucket if static else 0
+        models.facts, asked, models.assistant_model, models.draft_facts, models.tokenizer, models.assistant_tokenizer,
+        settings.suffix_cache, static,
+    )  # fmt: skip
+    schedule = _schedule(request, asked, draft, static) if draft.speculates else None
+    layout = "static" if static else settings.cache_layout
+    if layout is None:
+        layout = backend.cache_layout_for(models.model, models.assistant_model)
     gamma = schedule.gamma if schedule is not None else None
-    longest = prompt_length - min(options.user_pad)  # the longest prompt without its padding
-    width = prompt_length + bucket_pad
-    if queue is not None and not queue.live:
-        longest, width = queue.longest, max(width, queue.longest)
-    capacity, cache_length = ranges.capacity_and_keys(
-        width, options.max_new_tokens, gamma, layout == "static", padding.bucket
-    )
-    ranges.check_target_length(longest, options.max_new_tokens, cache_length, facts.max_positions, facts.key_limit)
-    if queue is not None and queue.live:  # every prompt plus its own limit fits in `context` (the caller checks)
-        capacity, _ = ranges.capacity_and_keys(queue.context, 0, gamma, layout == "static", padding.bucket)
     wants_outputs = options.outputs.scores or options.outputs.logits
     return GenerationPlan(
         options=options,
@@ -194,26 +118,68 @@ def plan_generation(
         schedule=schedule,
         layout=layout,
         padding=padding,
-        bucket_pad=bucket_pad,
-        capacity=capacity,
-        filler_rows=batch_bucket(batch) - batch if static else 0,
+        bucket_pad=_bucket_pad(options, padding),
+        capacity=_capacity(request, models.facts, padding, layout == "static", gamma),
+        filler_rows=batch_bucket(options.input_ids.shape[0]) - options.input_ids.shape[0] if static else 0,
         head_on_demand=backend.head_on_demand and not static and not multi_rank and not wants_outputs,
-        seed=seed,
+        seed=settings.seed,
     )
 
 
-def check_queue_options(options: GenerationOptions) -> None:
-    """What a queue of prompts cannot serve per prompt, refused by name (`options.fields.QUEUE_REFUSED`): outputs,
-    a prefix function (its batch_id would not name the prompt), a limit that counts the prompt."""
-    asked = {
-        "output_scores": options.outputs.scores,
-        "output_logits": options.outputs.logits,
-        "prefix_allowed_tokens_fn": options.prefix_allowed_tokens_fn is not None,
-        "max_length": options.limit_counts_prompt,
-    }
-    for name, value in asked.items():
-        if value:
-            raise refusal("queue_refused", {"reason": QUEUE_REFUSED[name]}, name=name)
+def _drafting_asked(models: Models, request: GenerationRequest) -> DraftingRequest:
+    """The drafter the request asks for: its draft model, its drafting fields and its suffix cache, stated."""
+    fields = request.options.drafting
+    return drafting_request(
+        models.assistant_model, fields.prompt_lookup_num_tokens, fields.assistant_early_exit,
+        request.settings.suffix_cache, fields.num_assistant_tokens,
+    )  # fmt: skip
+
+
+def _schedule(request: GenerationRequest, asked: DraftingRequest, draft: DraftSpec, static: bool) -> ScheduleSpec:
+    """The schedule of a call that drafts: γ fixed at prompt lookup's count where both are given (as transformers
+    uses it), the drafter's γ defaults and priors, the horizon of the call or of its queue."""
+    options = request.options
+    gamma = asked.num_assistant_tokens
+    if draft.lookup_tokens is not None and gamma is not None:
+        gamma = draft.lookup_tokens
+    most = draft.lookup_tokens or (SUFFIX_MAX_GAMMA if draft.kind == "suffix" else MAX_ADAPTIVE_GAMMA)
+    choice = ScheduleChoice(
+        request.settings.schedule,
+        gamma,
+        default_gamma=draft.lookup_tokens or DEFAULT_NUM_ASSISTANT_TOKENS,
+        max_gamma=most,
+        static_shapes=static,
+        seeded_sampling=options.sampling.do_sample and request.settings.seed is not None,
+        cost_prior=draft.cost_ratio,
+        prompt_pass_prior=draft.prompt_pass_ratio,
+        horizon=_horizon(options.max_new_tokens, request.queue),
+        acceptance_prior=draft.acceptance_prior,
+    )
+    return choose_schedule(choice)
+
+
+def _capacity(
+    request: GenerationRequest, facts: ModelFacts, padding: PaddingPolicy, static_cache: bool, gamma: int | None
+) -> int:
+    """The columns of the token buffer and of each dynamic cache: the widest prompt (the queue's longest), its
+    bucket padding, the new tokens and γ + 1 (a live queue: its context), after the target's length checks."""
+    options, queue = request.options, request.queue
+    prompt_length = options.input_ids.shape[1]
+    width = prompt_length + _bucket_pad(options, padding)
+    longest = prompt_length - min(options.user_pad)  # the longest prompt without its padding
+    if queue is not None and not queue.live:
+        longest, width = queue.longest, max(width, queue.longest)
+    new = options.max_new_tokens
+    capacity, cache_length = ranges.capacity_and_keys(width, new, gamma, static_cache, padding.bucket)
+    ranges.check_target_length(longest, new, cache_length, facts.max_positions, facts.key_limit)
+    if queue is not None and queue.live:  # every prompt plus its own limit fits in `context` (the caller checks)
+        capacity, _ = ranges.capacity_and_keys(queue.context, 0, gamma, static_cache, padding.bucket)
+    return capacity
+
+
+def _bucket_pad(options: GenerationOptions, padding: PaddingPolicy) -> int:
+    """Columns of bucket padding left of every prompt: up to the next bucket under static shapes, else none."""
+    return (-options.input_ids.shape[1]) % padding.bucket if padding.static_shapes else 0
 
 
 def _horizon(max_new_tokens: int, queue: QueueShape | None) -> int | None:

@@ -25,48 +25,44 @@ over after every round. One call lasts while rows generate; the caller calls aga
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
-from transformers import PreTrainedModel
 
-from assisted_backends.api.plan import GenerationPlan, QueueShape, batch_bucket
+from assisted_backends.api.plan import GenerationPlan, Models, batch_bucket
 from assisted_backends.api.run import QueueSettings, decode_plan
-from assisted_backends.backends.base import Backend
 from assisted_backends.engine.joins import Arrival, PromptQueue, Refill
 from assisted_backends.engine.stats import GenerationStats
-from assisted_backends.model_facts import ModelFacts
 from assisted_backends.options import ranges
 from assisted_backends.options.errors import refusal
 from assisted_backends.options.processors import row_logits_processors
+from assisted_backends.options.request import QueueShape
 
 
 class LiveSource(Protocol):
     """Prompts arriving while the loop runs, polled between rounds (from the loop's thread): `pending()` counts
     those that may join now, `take()` hands over the next as (its index: 0, 1, ... in the order taken, token ids
-    [P], its max_new_tokens), `cancelled()` names the indices taken whose callers left."""
+    [P], its max_new_tokens, its own logits processors: added to `logits_processor=` for this row alone, e.g.
+    `options.penalties`), `cancelled()` names the indices taken whose callers left."""
 
     def pending(self) -> int: ...
 
-    def take(self) -> tuple[int, torch.Tensor, int]: ...
+    def take(self) -> tuple[int, torch.Tensor, int, list]: ...
 
     def cancelled(self) -> list[int]: ...
 
 
-class Planner(Protocol):
+class Planner(Models, Protocol):
     """What a queue needs of its caller's `AssistedGenerator` (`api.generation`, which calls this module): the
     models, their facts and backend, and the plan of its first batch with the queue's shape (`plan_generation`,
     as every call plans)."""
 
-    model: PreTrainedModel
-    assistant_model: PreTrainedModel | None
-    facts: ModelFacts
-    backend: Backend
-
     def plan(
         self, input_ids: torch.Tensor | None = None, *, queue: QueueShape | None = None, **arguments: Any
     ) -> GenerationPlan: ...
+
+    def prefix_for(self, value: Any) -> Any: ...
 
 
 DEFAULT_SLOTS = 8
@@ -125,12 +121,12 @@ def left_padded(prompts: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Ten
     return ids, mask
 
 
-def _processors(generator: Planner, plan: GenerationPlan, prompt: torch.Tensor) -> list:
-    """The processors `model.generate` builds for `prompt` [P] alone."""
+def _processors(generator: Planner, plan: GenerationPlan, prompt: torch.Tensor, own: list | None = None) -> list:
+    """The processors `model.generate` builds for `prompt` [P] alone (with `own` added to `logits_processor=`)."""
     options = plan.options
-    device, custom = generator.backend.device, list(options.custom_processors)
-    return row_logits_processors(generator.model, options.config, prompt[None], [0], options.config_limit, device,
-                                 custom)[0]  # fmt: skip
+    if own:
+        options = replace(options, custom_processors=(*options.custom_processors, *own))
+    return row_logits_processors(generator.model, options, prompt[None], [0], generator.backend.device)[0]
 
 
 def _arrivals(generator: Planner, plan: GenerationPlan, prompts: list[torch.Tensor], first: int) -> Iterator[Arrival]:
@@ -161,6 +157,7 @@ def generate_many(
         slots = batch_bucket(slots)  # static shapes run the batch bucket: every slot serves a prompt
     first = min(slots, len(queue))
     input_ids, mask = left_padded(queue[:first], 0)
+    prefix = generator.prefix_for(arguments.pop("prefix_cache", None))
     shape = QueueShape(slots, len(queue), max(p.shape[0] for p in queue))
     plan = generator.plan(input_ids, attention_mask=mask, queue=shape, **arguments)
     refill = Refill(
@@ -170,10 +167,8 @@ def generate_many(
         on_finish,
     )
     settings = QueueSettings(refill, _agreed(queue), [_processors(generator, plan, p) for p in queue[:first]])
-    buffer, stats, _ = decode_plan(
-        plan, generator.model, generator.facts, generator.backend, generator.assistant_model, queue=settings
-    )
-    stats.batch_size = slots
+    buffer, stats, _ = decode_plan(plan, generator, queue=settings, prefix=prefix)
+    stats.record_slots(slots)
     return QueueResult([buffer.results[i] for i in range(len(queue))], stats)
 
 
@@ -188,8 +183,8 @@ class _LiveQueue(PromptQueue):
         return self.source.pending()
 
     def take(self) -> Arrival:
-        index, prompt, limit = self.source.take()
-        return Arrival(index, prompt, _processors(self.generator, self.plan, prompt), limit)
+        index, prompt, limit, own = self.source.take()
+        return Arrival(index, prompt, _processors(self.generator, self.plan, prompt, own), limit)
 
     def cancelled(self) -> list[int]:
         return self.source.cancelled()
@@ -216,16 +211,16 @@ def generate_live(
     first = [source.take() for _ in range(min(slots, source.pending()))]
     if not first:
         raise refusal("live_nothing", name="source")
-    prompts = [prompt for _, prompt, _ in first]
+    prompts = [prompt for _, prompt, _, _ in first]
     input_ids, mask = left_padded(prompts, 0)
     arguments.pop("max_new_tokens", None)  # each row's own limit; the plan's is the smallest
+    prefix = generator.prefix_for(arguments.pop("prefix_cache", None))  # a tenant's scope, or the generator's
     shape = QueueShape(slots, len(prompts), max(p.shape[0] for p in prompts), context)
     plan = generator.plan(input_ids, attention_mask=mask, max_new_tokens=1, queue=shape, **arguments)
     refill = Refill(_LiveQueue(source, generator, plan), plan.options.pad_id, None, on_finish, slots, on_progress,
                     on_round=on_round)  # fmt: skip
-    refill.limits.update({index: limit for index, _, limit in first})
-    settings = QueueSettings(refill, _agreed(prompts), [_processors(generator, plan, p) for p in prompts])
-    _, stats, _ = decode_plan(
-        plan, generator.model, generator.facts, generator.backend, generator.assistant_model, queue=settings
-    )
+    refill.limits.update({index: limit for index, _, limit, _ in first})
+    row_processors = [_processors(generator, plan, prompt, own) for _, prompt, _, own in first]
+    settings = QueueSettings(refill, _agreed(prompts), row_processors)
+    _, stats, _ = decode_plan(plan, generator, queue=settings, prefix=prefix)
     return stats

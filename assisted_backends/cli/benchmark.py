@@ -125,9 +125,10 @@ def _measure(session: Session, prompt: torch.Tensor, new_tokens: int, mode: str)
 def _measure_run(session: Session, prompt: torch.Tensor, new_tokens: int, mode: str) -> tuple[Measurement, object]:
     if mode == "transformers":
         return _measure_transformers(session, prompt, new_tokens)
-    result = session.generate(
-        prompt, new_tokens, assisted=mode == "assisted", ignore_eos=True, attention_mask=_batch_mask(prompt)
-    )
+    result = session.generate(  # every run computes its whole prompt: no prefix cache (a repeat would be warm)
+        prompt, new_tokens, assisted=mode == "assisted", ignore_eos=True, attention_mask=_batch_mask(prompt),
+        prefix_cache=False,
+    )  # fmt: skip
     s = result.stats
     return Measurement(
         s.total_s,

@@ -11,23 +11,16 @@ import argparse
 import json
 import os
 import sys
-from importlib.metadata import entry_points
 
-from assisted_backends.cli.args import build_parser, cli_spelling, validate
-from assisted_backends.cli.errors import CLIError
+from assisted_backends.cli.args import build_parser, validate
 from assisted_backends.cli.preflight import preflight
 from assisted_backends.loading.files import MissingGGUFError
 from assisted_backends.options.errors import OptionError
+from assisted_backends.startup.environment import quiet_libraries
+from assisted_backends.startup.errors import CLIError
+from assisted_backends.startup.flags import cli_spelling, device_names
 
-BUILTIN_DEVICES = ("cpu", "cuda", "hpu")
-ENTRY_POINT_GROUP = "assisted_backends.backends"  # the registry's group, read here without importing backends
 INTERRUPTED = 130
-
-
-def device_names() -> list[str]:
-    """`--device` choices from the entry-point metadata (no backend module is imported)."""
-    names = {entry.name for entry in entry_points(group=ENTRY_POINT_GROUP)} | set(BUILTIN_DEVICES)
-    return ["auto", *sorted(names)]
 
 
 def _read_prompt(args: argparse.Namespace, session) -> str:
@@ -57,22 +50,6 @@ def _print_runtime(session, log) -> dict:
     if "thread_warning" in runtime:
         print(f"warning: {runtime['thread_warning']}", file=log)
     return runtime
-
-
-def _quiet_libraries(args: argparse.Namespace) -> None:
-    """Before torch and transformers load: OpenMP's wait policy (`cli.threads`), and transformers' progress bars
-    and info logs off unless -v. A call from a process that loaded torch already (tests, a notebook) changes
-    nothing: OpenMP has read its settings, and that process's logging is its own."""
-    from assisted_backends.cli.threads import set_wait_policy
-
-    if "torch" in sys.modules:
-        args.wait_policy = "unchanged (torch was loaded before the command started)"
-        return
-    args.wait_policy = set_wait_policy()
-    if not args.verbose:
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("TQDM_DISABLE", "1")  # bars that pass no `disable=` (GGUF conversion); ours pass it
 
 
 def _generate_task(session, log) -> None:
@@ -215,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         validate(args)
         preflight(args)
-        _quiet_libraries(args)
+        quiet_libraries(args)
         _run(args)
     except KeyboardInterrupt:
         print("interrupted (Ctrl-C)", file=sys.stderr)

@@ -1,8 +1,7 @@
 """Checks that run before any model loads (and before torch is imported): outputs that cannot be
-written, a `--plot` without matplotlib, prompt files that cannot be read, an empty prompt, `-m` pointing
-at a file, a device this machine does not have, a dtype its CPU would emulate, a model directory without
-weights or tokenizer, `--chat` without a chat template, `--assistant-early-exit` past the last layer,
-lengths past the positions in config.json, a Hub id that is not cached on an offline machine.
+written, a `--plot` without matplotlib, prompt files that cannot be read, an empty prompt; the model and device
+flags' (`startup.checks`); `--chat` without a chat template, `--assistant-early-exit` past the last layer,
+lengths past the positions in config.json.
 
 Each problem is one line naming the flag and the fix, so a long run never fails at its end.
 """
@@ -14,14 +13,12 @@ import importlib.util
 import os
 from pathlib import Path
 
-from assisted_backends.cli import machine, model_files
 from assisted_backends.cli.cases import benchmark_cases
-from assisted_backends.cli.errors import CLIError
-from assisted_backends.cli.loading import default_drafting
-from assisted_backends.cli.model_files import ModelFiles
 from assisted_backends.extras import install_hint
 from assisted_backends.options import ranges
-from assisted_backends.options.fields import DRAFTER_FIELDS
+from assisted_backends.startup.checks import check_drafting_files, read_models
+from assisted_backends.startup.errors import CLIError
+from assisted_backends.startup.model_files import ModelFiles
 
 INSTALL_PLOT = install_hint("plot")
 
@@ -66,43 +63,12 @@ def read_prompt_file(path: str) -> str:
         ) from None
 
 
-def check_model_path(name: str | None, flag: str) -> None:
-    """An absolute or ./~ path must exist, and a plain file must be a .gguf (Hub ids are checked on loading)."""
-    if name is None:
-        return
-    path = Path(name).expanduser()
-    if (path.is_absolute() or name.startswith((".", "~"))) and not path.exists():  # a path, not a Hub id
-        raise CLIError(f"{flag} directory {name} does not exist; give a model directory, a .gguf file or a Hub id")
-    if path.is_file() and path.suffix.lower() != ".gguf":
-        raise CLIError(f"{flag} {name}: is a file, not a model; give a model directory, a .gguf file or a Hub id")
-
-
 def check_prompt(args: argparse.Namespace) -> None:
     """A prompt given by --prompt or --prompt-file has some text."""
     text = args.prompt_text if args.prompt_text is not None else args.prompt
     if text is not None and not text.strip():
         source = "--prompt-file" if args.prompt_text is not None else "--prompt"
         raise CLIError(f"{source}: the prompt is empty; pass some text with --prompt or --prompt-file")
-
-
-def check_device(args: argparse.Namespace) -> None:
-    """The device exists here (cheap probes), and on a CPU the dtypes asked for run natively."""
-    problem = machine.device_problem(args.device)
-    if problem is not None:
-        raise CLIError(f"--device {args.device} is not available: {problem}; or use --device cpu")
-    if machine.runs_on_cpu(args.device):
-        for flag, dtype in (("--dtype", args.dtype), ("--draft-precision", args.draft_precision)):
-            problem = machine.dtype_problem(dtype, flag)
-            if problem is not None:
-                raise CLIError(problem)
-
-
-def target_files(args: argparse.Namespace) -> ModelFiles | None:
-    """The target's files: the shipped demo pair's without -m, else what -m names (None: not readable yet)."""
-    if args.model is None:
-        directory = model_files.demo_directory("target") if args.demo_pair == "shipped" else None
-        return None if directory is None else model_files.from_directory(directory, "the demo target", "-m/--model")
-    return model_files.locate(args.model, "-m/--model")
 
 
 def check_target(args: argparse.Namespace, target: ModelFiles) -> None:
@@ -143,19 +109,6 @@ def check_length(args: argparse.Namespace, target: ModelFiles) -> None:
     ranges.check_positions(prompt, new, limit, "new_tokens" if args.task == "benchmark" else "max_new_tokens")
 
 
-def check_default_draft(args: argparse.Namespace, target: ModelFiles) -> None:
-    """-m without a drafter: the family's default draft where it suits and is on this machine, else suffix decoding
-    (`loading.default_drafting`, decided from the files: no download, no torch); kept on `args.default_drafting`
-    for `session` to use."""
-    if args.model is None or args.assistant_model is not None or args.no_assisted:
-        return
-    if args.prompt_lookup or args.assistant_early_exit or args.suffix_cache or "model_type" not in target.config:
-        return
-    if any(target.generation_config.get(field) for field in DRAFTER_FIELDS):  # a checkpoint may ask for these
-        return
-    args.default_drafting = default_drafting(args.model, target.config["model_type"], target.parameters)
-
-
 def preflight(args: argparse.Namespace) -> None:
     """Everything that can be checked without loading a model; caches the prompt file's text on `args`."""
     for flag, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)):
@@ -165,12 +118,7 @@ def preflight(args: argparse.Namespace) -> None:
         raise CLIError(f"--plot needs matplotlib: {INSTALL_PLOT}; or drop --plot")
     args.prompt_text = read_prompt_file(args.prompt_file) if args.prompt_file is not None else None
     check_prompt(args)
-    check_model_path(args.model, "-m/--model")
-    check_model_path(args.assistant_model, "--assistant-model")
-    check_device(args)
-    target = target_files(args)
+    target = read_models(args)
     if target is not None:
         check_target(args, target)
-        check_default_draft(args, target)
-    if args.assistant_model is not None:
-        model_files.locate(args.assistant_model, "--assistant-model")
+    check_drafting_files(args, target)

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from assisted_backends.cli.errors import CLIError
+from assisted_backends.startup.errors import CLIError
 
 
 def wants_chat(args: argparse.Namespace) -> bool:

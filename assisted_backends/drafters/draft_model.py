@@ -21,7 +21,7 @@ from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector, sample
-from assisted_backends.engine.tokens import TokenBuffer
+from assisted_backends.engine.slots import Slots
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,9 @@ class DraftLimits:
     positions: int | None = None
     keys: int | None = None
 
-    def exceeded(self, runner: ModelRunner, buffer: TokenBuffer, end: int) -> str | None:
+    def exceeded(self, runner: ModelRunner, slots: Slots, end: int) -> str | None:
         """Why feeding the draft through column `end` (exclusive) is impossible, or None."""
-        if self.positions is not None and end - min(buffer.pad) > self.positions:
+        if self.positions is not None and end - min(slots.padding.host) > self.positions:
             return f"its {self.positions} positions end"
         keys = getattr(runner.layout, "capacity", end)  # a static cache is attended whole
         if self.keys is not None and keys > self.keys:
@@ -65,59 +65,57 @@ class ModelDrafter(Drafter):
     def forward_count(self) -> int:
         return self.runner.forward_count
 
-    def _stop_if_exceeded(self, buffer: TokenBuffer, end: int) -> bool:
+    def _stop_if_exceeded(self, slots: Slots, end: int) -> bool:
         if self.stopped is None:
-            reason = self.limits.exceeded(self.runner, buffer, end)
+            reason = self.limits.exceeded(self.runner, slots, end)
             if reason is not None:
-                self.stopped = f"drafting stopped after {buffer.length} columns: {reason}"
+                self.stopped = f"drafting stopped after {slots.length} columns: {reason}"
         return self.stopped is not None
 
-    def prefill(self, buffer: TokenBuffer) -> None:
-        if self._stop_if_exceeded(buffer, buffer.length):
+    def prefill(self, slots: Slots) -> None:
+        if self._stop_if_exceeded(slots, slots.length):
             return
-        self.runner.forward(buffer.ids[:, : buffer.length - 1], last_only=True)  # the newest stays pending
+        self.runner.forward(slots.ids[:, : slots.length - 1], last_only=True)  # the newest stays pending
 
-    def propose(
-        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> Proposal:
-        if self._stop_if_exceeded(buffer, buffer.length + gamma):
+    def propose(self, slots: Slots, gamma: int, selector: TokenSelector, generator: torch.Generator | None) -> Proposal:
+        if self._stop_if_exceeded(slots, slots.length + gamma):
             if not self.fixed_length:
                 return Proposal(0)
-            return fill_proposal(buffer, [0] * buffer.ids.shape[0], gamma, self.vocab_size, selector.do_sample)
-        start = buffer.length
-        feed = buffer.ids[:, self.runner.length : start]  # pending committed tokens [B, >=1]
+            return fill_proposal(slots, [0] * slots.ids.shape[0], gamma, self.vocab_size, selector.do_sample)
+        start = slots.length
+        feed = slots.ids[:, self.runner.length : start]  # pending committed tokens [B, >=1]
         distributions = []
-        rows = buffer.row_starts()
+        rows = slots.row_starts()
         for i in range(gamma):
             logits = self.runner.forward(feed, last_only=True)  # [B, 1, V]
-            context = buffer.through(start + i)
+            context = slots.through(start + i)
             if selector.do_sample:
                 q_i = selector.probabilities(logits, context, rows)  # [B, 1, V]
                 token = sample(q_i, generator)  # [B, 1]
                 distributions.append(q_i)
             else:
                 token = selector.greedy(logits, context, rows)  # [B, 1]
-            buffer.ids[:, start + i] = token[:, 0]
-            feed = buffer.ids[:, start + i : start + i + 1]
+            slots.write_draft(start + i, token[:, 0])
+            feed = slots.ids[:, start + i : start + i + 1]
         return Proposal(gamma, torch.cat(distributions, dim=1) if distributions else None)
 
-    def rollback(self, buffer: TokenBuffer) -> None:
+    def rollback(self, slots: Slots) -> None:
         # Keep only committed tokens; the last committed one stays pending so that every proposal
         # starts by feeding at least one token.
-        self.runner.rollback(min(self.runner.length, buffer.length - 1))
+        self.runner.rollback(min(self.runner.length, slots.length - 1))
 
-    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
-        """The cache's rows follow the buffer's (whose padding the runner reads: nothing to send)."""
-        self.runner.move_rows(move, buffer.length - 1)
+    def move_rows(self, move: RowMove, slots: Slots) -> None:
+        """The cache's rows follow the slots' (whose padding the runner reads: nothing to send)."""
+        self.runner.move_rows(move, slots.length - 1)
 
-    def insert_row(self, buffer: TokenBuffer, slot: int, width: int, pad_id: int) -> None:
+    def insert_row(self, slots: Slots, slot: int, width: int, pad_id: int) -> None:
         """The draft's cache holds columns [0, runner.length) of every row: the joining row's prompt tokens among
         them come from a one-row pass over the prompt alone; the others are fed as pending tokens in the next
         proposal's catch-up. Before the draft's first prefill there is nothing to write."""
-        pad = buffer.pad[slot]
+        pad = slots.padding.host[slot]
         held = self.runner.length - pad  # prompt positions this cache holds
         if held <= 0:
             self.runner.layout.set_row_pad(slot, pad)
             return
-        prompt = buffer.ids[slot, pad : buffer.length - 1]
+        prompt = slots.ids[slot, pad : slots.length - 1]
         self.runner.insert_row(slot, prompt, pad, held, max(width, prompt.shape[0]), pad_id)

@@ -27,7 +27,7 @@ from assisted_backends.drafters.draft_model import ModelDrafter
 from assisted_backends.engine.drafter import Proposal
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector
-from assisted_backends.engine.tokens import TokenBuffer
+from assisted_backends.engine.slots import Slots
 
 
 def decoder_layers_path(model: torch.nn.Module) -> str:
@@ -56,7 +56,7 @@ def _detached_copy(module: torch.nn.Module) -> torch.nn.Module:
 
 def early_exit_view(model: PreTrainedModel, layers: int) -> PreTrainedModel:
     """`model` truncated to its first `layers` decoder layers (1 <= layers < depth), sharing all weights with it.
-    A model stepped by the native decoder (`quantized.native_decoder`) gives the same native step over its reference's
+    A model stepped by the native decoder (`native.decoder_model`) gives the same native step over its reference's
     first layers."""
     reference = getattr(model, "reference", None)
     if reference is not None and hasattr(model, "new_native_cache"):
@@ -95,20 +95,18 @@ class EarlyExitDrafter(ModelDrafter):
         self.target = target
         self.layers = layers
 
-    def prefill(self, buffer: TokenBuffer) -> None:
-        if not self.runner.extend_from(self.target, self.layers, buffer.length - 1):  # the newest stays pending
-            super().prefill(buffer)
+    def prefill(self, slots: Slots) -> None:
+        if not self.runner.extend_from(self.target, self.layers, slots.length - 1):  # the newest stays pending
+            super().prefill(slots)
 
-    def propose(
-        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> Proposal:
-        self.runner.extend_from(self.target, self.layers, buffer.length - 1)  # catch up on plain rounds
-        return super().propose(buffer, gamma, selector, generator)
+    def propose(self, slots: Slots, gamma: int, selector: TokenSelector, generator: torch.Generator | None) -> Proposal:
+        self.runner.extend_from(self.target, self.layers, slots.length - 1)  # catch up on plain rounds
+        return super().propose(slots, gamma, selector, generator)
 
-    def insert_row(self, buffer: TokenBuffer, slot: int, width: int, pad_id: int) -> None:
+    def insert_row(self, slots: Slots, slot: int, width: int, pad_id: int) -> None:
         """The joining row's keys and values of the first `layers` layers are the target's (same weights, same
         prompt): copied from the target's cache, which took the row first."""
-        pad = buffer.pad[slot]
+        pad = slots.padding.host[slot]
         held = self.runner.length - pad
         if held <= 0:
             self.runner.layout.set_row_pad(slot, pad)

@@ -16,8 +16,9 @@ import torch
 
 from assisted_backends.drafters.base import fill_proposal
 from assisted_backends.engine.drafter import Drafter, Proposal
+from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.sampling import TokenSelector
-from assisted_backends.engine.tokens import TokenBuffer
+from assisted_backends.engine.slots import Slots
 
 DEFAULT_MAX_NGRAM = 3
 DEFAULT_MIN_NGRAM = 2
@@ -65,23 +66,27 @@ class PromptLookupDrafter(Drafter):
     def forward_count(self) -> int:
         return 0
 
-    def prefill(self, buffer: TokenBuffer) -> None:
+    def prefill(self, slots: Slots) -> None:
         return None
 
-    def rollback(self, buffer: TokenBuffer) -> None:
+    def rollback(self, slots: Slots) -> None:
         return None  # stateless: every proposal reads the committed tokens afresh
 
-    def propose(
-        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> Proposal:
-        start = buffer.length
-        prefixes = buffer.row_starts()
+    def move_rows(self, move: RowMove, slots: Slots) -> None:
+        return None  # stateless: each row's tokens are read where the slots hold them
+
+    def insert_row(self, slots: Slots, slot: int, width: int, pad_id: int) -> None:
+        return None  # stateless: the joining row's prompt is read at the next proposal
+
+    def propose(self, slots: Slots, gamma: int, selector: TokenSelector, generator: torch.Generator | None) -> Proposal:
+        start = slots.length
+        prefixes = slots.row_starts()
         starts = prefixes.starts if prefixes is not None else [0]
         found = [
-            lookup(buffer.ids[b, first:start], self.max_ngram, gamma, self.min_ngram) for b, first in enumerate(starts)
+            lookup(slots.ids[b, first:start], self.max_ngram, gamma, self.min_ngram) for b, first in enumerate(starts)
         ]
         count = gamma if self.fixed_length else max(match.shape[0] for match in found)
         for b, match in enumerate(found):
-            buffer.ids[b, start : start + match.shape[0]] = match
+            slots.write_draft(start, match, slot=b)
         written = [match.shape[0] for match in found]  # a row with a shorter match repeats its last token
-        return fill_proposal(buffer, written, count, self.vocab_size, selector.do_sample)
+        return fill_proposal(slots, written, count, self.vocab_size, selector.do_sample)

@@ -15,7 +15,7 @@ import torch
 from assisted_backends.engine.sampling import sample
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verification:
     """What one target pass decided, in one shape whichever way it verified (greedy, sampling, the head on demand, a
     token tree, or the prompt pass with nothing drafted): per row n_b drafts accepted (`accepted` [B]) and the
@@ -24,7 +24,8 @@ class Verification:
 
     `drafts`: the draft tokens laid out as a chain from the round's first column (a tree: its accepted path);
     `verified`: the draft tokens the pass scored (the statistics' drafted: a tree's nodes); `scheduled`: the chain's
-    γ the schedule's model sees; `fed`: positions the pass fed (what it is priced by); `tree`: a token tree."""
+    γ the schedule's model sees; `fed`: positions the pass fed (what it is priced by); `tree`: a token tree. Built by
+    name: `chain` or `tree_path` (every field a keyword)."""
 
     accepted: torch.Tensor
     next_token: torch.Tensor
@@ -35,6 +36,25 @@ class Verification:
     scheduled: int
     fed: int
     tree: bool = False
+
+    @classmethod
+    def chain(
+        cls, accepted: torch.Tensor, next_token: torch.Tensor, logits: torch.Tensor, scores: torch.Tensor | None,
+        gamma: int,
+    ) -> Verification:  # fmt: skip
+        """A chain of γ drafts (γ = 0: the prompt pass or a plain round): γ verified and scheduled, γ + 1 fed."""
+        return cls(accepted=accepted, next_token=next_token, logits=logits, scores=scores, drafts=gamma,
+                   verified=gamma, scheduled=gamma, fed=gamma + 1)  # fmt: skip
+
+    @classmethod
+    def tree_path(
+        cls, accepted: torch.Tensor, next_token: torch.Tensor, logits: torch.Tensor, scores: torch.Tensor,
+        depth: int, nodes: int, scheduled: int,
+    ) -> Verification:  # fmt: skip
+        """A token tree of `nodes` nodes whose accepted path is `depth` deep (laid out as a chain of `depth` drafts);
+        the root and the nodes fed; `scheduled`: the γ the schedule's model sees."""
+        return cls(accepted=accepted, next_token=next_token, logits=logits, scores=scores, drafts=depth,
+                   verified=nodes, scheduled=scheduled, fed=nodes + 1, tree=True)  # fmt: skip
 
     @property
     def skipped(self) -> int:
@@ -94,9 +114,9 @@ def speculative_accept(
     n = leading_true(u < acceptance_probability(p_draft, q_draft))  # [B]
 
     # Distribution of the next token: residual at the first rejection, p_{γ+1} when all passed.
-    rows = n[:, None, None].expand(batch, 1, p.shape[-1])
-    p_n = p.gather(1, rows).squeeze(1)  # [B, V]
-    q_n = q.gather(1, rows.clamp(max=gamma - 1)).squeeze(1) * (n < gamma)[:, None]  # [B, V]; q_{γ+1} = 0
+    at_n = n[:, None, None].expand(batch, 1, p.shape[-1])  # each row's position n
+    p_n = p.gather(1, at_n).squeeze(1)  # [B, V]
+    q_n = q.gather(1, at_n.clamp(max=gamma - 1)).squeeze(1) * (n < gamma)[:, None]  # [B, V]; q_{γ+1} = 0
     next_distribution = residual_distribution(p_n, q_n)  # equals p_{γ+1} when n == γ
     return n, sample(next_distribution, generator)
 
@@ -108,31 +128,31 @@ def tree_accept(
     do_sample: bool,
     generator: torch.Generator | None,
 ) -> tuple[list[int], int]:
-    """Token trees (`engine.token_tree`): walk from the root (row 0) down the rows the target keeps.
+    """Token trees (`engine.token_tree`): walk from the root (query 0) down the queries the target keeps.
 
-    `children[r]`: row r's child rows; `tokens[r]`: the token of row r (row 0: the pending one); `scores_at(r, path)`:
-    the target's processed scores [V] after row r, `path` the rows from the root to r. Greedy: follow the child whose
-    token is argmax(scores_r); stop where none is. Sampling (drafts are point masses): with residual ρ = p_r, try each
-    child c in turn, accept with probability ρ(x_c) (= min(1, ρ(x_c)/q(x_c)), q = δ_{x_c}), else ρ ← norm(ρ with x_c
-    removed), i.e. norm(max(0, ρ − δ_{x_c})) (SpecInfer's recursive rejection); after every child is rejected sample
-    from ρ. The token added is then distributed as p_r exactly. Returns (the accepted rows, root excluded; the next
-    token).
+    `children[r]`: query r's child queries; `tokens[r]`: the token of query r (query 0: the pending one);
+    `scores_at(r, path)`: the target's processed scores [V] after query r, `path` the queries from the root to r.
+    Greedy: follow the child whose token is argmax(scores_r); stop where none is. Sampling (drafts are point masses):
+    with residual ρ = p_r, try each child c in turn, accept with probability ρ(x_c) (= min(1, ρ(x_c)/q(x_c)),
+    q = δ_{x_c}), else ρ ← norm(ρ with x_c removed), i.e. norm(max(0, ρ − δ_{x_c})) (SpecInfer's recursive rejection);
+    after every child is rejected sample from ρ. The token added is then distributed as p_r exactly. Returns (the
+    accepted queries, root excluded; the next token).
     """
     path: list[int] = []
-    row = 0
+    query = 0
     while True:
-        scores = scores_at(row, [0] + path)  # [V]
+        scores = scores_at(query, [0] + path)  # [V]
         if not do_sample:
             choice = int(scores.argmax())
-            child_node = next((c for c in children[row] if tokens[c] == choice), None)
+            child_node = next((c for c in children[query] if tokens[c] == choice), None)
             if child_node is None:
                 return path, choice
             path.append(child_node)
-            row = child_node
+            query = child_node
             continue
         residual = torch.softmax(scores, dim=-1)
         child_node = None
-        for child in children[row]:
+        for child in children[query]:
             u = torch.rand((), generator=generator, device=residual.device, dtype=residual.dtype)
             if u < residual[tokens[child]]:
                 child_node = child
@@ -143,4 +163,4 @@ def tree_accept(
         if child_node is None:
             return path, int(sample(residual, generator))
         path.append(child_node)
-        row = child_node
+        query = child_node

@@ -1,7 +1,7 @@
 """The `Drafter` protocol: what the loop (`engine.loop`) asks of whatever proposes γ tokens for the target to verify.
 
 The protocol belongs to the layer that calls it: drafters (`assisted_backends.drafters`) implement it, the engine
-never imports them. A drafter writes its proposal into the token buffer's scratch space (columns
+never imports them. A drafter writes its proposal into the slots' scratch space (columns
 [length, length + γ)) and, when sampling, returns q [B, γ, V]: the exact distributions it drew from. After
 verification the loop calls `rollback` so the drafter's state matches the committed tokens again. A drafter
 that can draft no further (its positions end) sets `stopped` and proposes nothing from then on: the draft only
@@ -21,9 +21,9 @@ import torch
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.schedule import DraftSchedule
+from assisted_backends.engine.slots import Slots
 from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.engine.token_tree import TokenTree
-from assisted_backends.engine.tokens import TokenBuffer
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 @dataclass
 class Proposal:
-    """`count` draft tokens now sit at buffer.ids[:, length : length + count].
+    """`count` draft tokens now sit at slots.ids[:, length : length + count] (written with `Slots.write_draft`).
 
     q [B, count, V_target] is the distribution each was drawn from when sampling (None for greedy).
     A drafter may propose fewer than the γ asked for (a lookup with no match, a re-tokenization that
@@ -53,31 +53,28 @@ class Drafter(ABC):
     def forward_count(self) -> int: ...
 
     @abstractmethod
-    def prefill(self, buffer: TokenBuffer) -> None:
+    def prefill(self, slots: Slots) -> None:
         """See the committed tokens (called once, before the first proposal; the last one may stay pending)."""
 
     @abstractmethod
-    def propose(
-        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> Proposal:
-        """Write up to γ tokens at buffer.ids[:, length : length + γ]."""
+    def propose(self, slots: Slots, gamma: int, selector: TokenSelector, generator: torch.Generator | None) -> Proposal:
+        """Write up to γ tokens at slots.ids[:, length : length + γ] (`Slots.write_draft`)."""
 
     @abstractmethod
-    def rollback(self, buffer: TokenBuffer) -> None:
+    def rollback(self, slots: Slots) -> None:
         """Forget everything past the committed tokens."""
 
-    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
-        """Batches: the buffer's rows just moved by `move` (`engine.realign`); follow them (stateless: nothing)."""
-        return None
+    @abstractmethod
+    def move_rows(self, move: RowMove, slots: Slots) -> None:
+        """Batches: the slots' rows just moved by `move` (`engine.realign`, `Slots.move`); follow them."""
 
-    def insert_row(self, buffer: TokenBuffer, slot: int, width: int, pad_id: int) -> None:
-        """Queues (`engine.joins`): the row at `slot` is a new prompt, at columns
-        [buffer.pad[slot], buffer.length − 1), its first new token at column buffer.length − 1; take it in.
-        `width`: the columns a one-row pass over the prompt feeds (its bucket under static shapes), padded with
-        `pad_id`. Stateless drafters (prompt lookup) have nothing to do."""
-        return None
+    @abstractmethod
+    def insert_row(self, slots: Slots, slot: int, width: int, pad_id: int) -> None:
+        """Queues (`engine.joins`): slot `slot` holds a new prompt, at columns [slots.padding.host[slot],
+        slots.length − 1), its first new token at column slots.length − 1; take it in. `width`: the columns a one-row
+        pass over the prompt feeds (its bucket under static shapes), padded with `pad_id`."""
 
-    def schedule_for(self, schedule: DraftSchedule, buffer: TokenBuffer) -> DraftSchedule:
+    def schedule_for(self, schedule: DraftSchedule, slots: Slots) -> DraftSchedule:
         """The schedule the loop runs this drafter with, given the call's `schedule`: that one, unless the drafter
         has several sources whose rounds learn their lengths apart (`drafters.eagle.combined`)."""
         return schedule
@@ -88,15 +85,15 @@ class DraftFailedWarning(RuntimeWarning):
 
 
 class GuardedDrafter:
-    """The loop's handle on a drafter (or on none) and the call's token buffer: every call guarded, so that the first
+    """The loop's handle on a drafter (or on none) and the call's slots: every call guarded, so that the first
     exception the draft raises becomes one `DraftFailedWarning` and the call goes on with plain rounds (`active`
     False from then on). The drafter sees the committed tokens (`prefill`) only when first asked to draft (`ready`),
-    so a schedule that never speculates never pays for it. The buffer is the one the state holds: the round hands it
-    on to the drafter, never the other way round."""
+    so a schedule that never speculates never pays for it. The slots are the ones the state holds: the round hands
+    them on to the drafter, never the other way round."""
 
-    def __init__(self, drafter: Drafter | None, buffer: TokenBuffer) -> None:
+    def __init__(self, drafter: Drafter | None, slots: Slots) -> None:
         self.drafter = drafter  # kept after a failure, for the statistics
-        self.buffer = buffer
+        self.slots = slots
         self.active = drafter is not None
         self._prefilled = False
 
@@ -120,33 +117,32 @@ class GuardedDrafter:
         """Whether the drafter can propose; the first time, it sees the committed tokens (`Drafter.prefill`)."""
         if self.active and not self._prefilled:
             self._prefilled = True
-            self._call(self.drafter.prefill, self.buffer)
+            self._call(self.drafter.prefill, self.slots)
         return self.active
 
     def propose(self, gamma: int, selector: TokenSelector, generator: torch.Generator | None) -> Proposal:
-        """Up to γ draft tokens at buffer.ids[:, length : length + γ] (none when γ = 0 or the draft failed)."""
+        """Up to γ draft tokens at slots.ids[:, length : length + γ] (none when γ = 0 or the draft failed)."""
         if gamma == 0 or not self.active:
             return Proposal(0)
-        proposal = self._call(self.drafter.propose, self.buffer, gamma, selector, generator)
+        proposal = self._call(self.drafter.propose, self.slots, gamma, selector, generator)
         return proposal if proposal is not None else Proposal(0)
 
     def rollback(self) -> None:
         if self.active:
-            self._call(self.drafter.rollback, self.buffer)
+            self._call(self.drafter.rollback, self.slots)
 
     def move_rows(self, move: RowMove) -> None:
         if self.active:
-            self._call(self.drafter.move_rows, move, self.buffer)
+            self._call(self.drafter.move_rows, move, self.slots)
 
     def insert_row(self, slot: int, width: int, pad_id: int) -> None:
         if self.active:
-            self._call(self.drafter.insert_row, self.buffer, slot, width, pad_id)
+            self._call(self.drafter.insert_row, self.slots, slot, width, pad_id)
 
     def note_stop(self, stats: GenerationStats) -> None:
         """Record when and why drafting stopped for the rest of the call (once)."""
         if self.drafter is not None and self.drafter.stopped is not None and stats.drafting_stopped is None:
-            stats.drafting_stopped = self.drafter.stopped
-            stats.drafting_stopped_at = sum(self.buffer.new_tokens)
+            stats.record_stop(self.drafter.stopped, sum(self.slots.new_tokens))
 
     @property
     def forward_count(self) -> int:

@@ -7,7 +7,7 @@ prompt x of P tokens joins at slot b, left by a row that ended, as if it had alw
 there with L − 1 − P columns of padding:
 
 1. room: if P + 1 > L every row moves right by P + 1 − L (`realign.widen`: one `RowMove` through the
-   buffer, the target's cache and the drafter, the machinery rows already move with); L = P + 1;
+   slots, the target's cache and the drafter, the machinery rows already move with); L = P + 1;
 2. tokens: columns [L − 1 − P, L − 1) of row b take x, the padding before them the pad id;
 3. prefill: one pass of the target over x alone (`ModelRunner.insert_row`: a one-row cache of the same
    layout kind, left-padded to the prompt's bucket under static shapes), whose P positions' keys and
@@ -16,12 +16,15 @@ there with L − 1 − P columns of padding:
 4. first token: chosen from that pass's last logits by the row's own processors (built for x alone),
    as the prefill of `model.generate` chooses it; it sits at column L − 1, pending like every row's
    newest token. EOS, a stop string or max_new_tokens = 1 end the row at once, and the slot takes the next prompt;
-5. the drafter follows (`Drafter.insert_row`): a draft model writes what its cache holds of the row
-   (its own one-row pass; the rest is fed as pending tokens in its next catch-up), an early-exit view
-   copies its layers from the target's cache, a draft of another tokenizer gets a fresh per-row state,
-   prompt lookup keeps none.
+5. the drafter follows (`Drafter.insert_row`, which every drafter implements): a draft model writes what its cache
+   holds of the row (its own one-row pass; the rest is fed as pending tokens in its next catch-up), an early-exit
+   view copies its layers from the target's cache, an EAGLE head runs over the row's features (the target's
+   one-row pass handed them over), a draft of another tokenizer gets a fresh per-row state, suffix decoding a fresh
+   index of the row, prompt lookup keeps none.
 
-The loop (`engine.loop.decode`) then goes on with the same rounds: nothing else knows that a row is new.
+`refill(state)` is what the loop calls after the prefill and after every round (`DecodingState.refill`); the slots
+change only through their own operations (`Slots.join`, `place_first`, `commit`, `finish`, `move`). The loop
+(`engine.loop.decode`) then goes on with the same rounds: nothing else knows that a row is new.
 
 A live queue (a server's requests, `api.queue.generate_live`) is the same queue fed while the loop runs: its
 `pending()` counts what has arrived by the time the loop asks (after the prefill and after every round), a
@@ -39,17 +42,22 @@ bucket B' (the slot count), so the verify [B', γ + 1] and draft [B', 1..2] sign
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from transformers.generation.logits_process import LogitsProcessor
 
+from assisted_backends.engine.drafter import GuardedDrafter
 from assisted_backends.engine.kv_cache import bucketed
 from assisted_backends.engine.realign import RowMove, widen
 from assisted_backends.engine.runner import Runner
+from assisted_backends.engine.sampling import TokenSelector, sample
+from assisted_backends.engine.slots import RowStarts, Slots
 from assisted_backends.engine.stats import GenerationStats
-from assisted_backends.engine.tokens import RowStarts, TokenBuffer
+from assisted_backends.engine.stopping import StopCheck
 
 MoveRows = Callable[[RowMove, list[int], int], None]  # (move, the rows' new padding, their shared length after)
 
@@ -95,16 +103,39 @@ class Refill:
     on_finish: Callable[[int, torch.Tensor], None] | None = None
     slots: int | None = None  # live queues: rows the batch may grow to when prompts wait (None: it never grows)
     on_progress: Callable[[int, torch.Tensor], None] | None = None  # live queues: a row's new tokens so far
-    limits: dict[int, int] = field(default_factory=dict)  # caller row -> its own max_new_tokens
+    limits: dict[int, int] = field(default_factory=dict)  # the first rows' own max_new_tokens, by caller row
     on_round: Callable[[GenerationStats], None] | None = None  # live queues: the call's statistics after each round
 
     def width(self, prompt_length: int) -> int:
         """Columns of a joining prompt's own pass: its bucket under static shapes, else its length."""
         return bucketed(prompt_length, self.bucket) if self.bucket else prompt_length
 
-    def limit(self, row: int, default: int) -> int:
-        """The token limit of caller row `row`: its own, else the call's `default`."""
-        return self.limits.get(row, default)
+
+class JoinSettings(Protocol):
+    """What a refill reads of the call's settings (`engine.state.LoopSettings`)."""
+
+    max_new_tokens: int
+    eos_token_ids: torch.Tensor | None
+    stop: StopCheck | None
+    refill: Refill | None
+
+
+class QueueState(Protocol):
+    """What a refill reads and changes of the decoding state (`engine.state.DecodingState`, which calls `refill`:
+    typed here by what it offers, so that neither module imports the other)."""
+
+    slots: Slots
+    target: Runner
+    drafter: GuardedDrafter
+    selector: TokenSelector
+    generator: torch.Generator | None
+    settings: JoinSettings
+    stats: GenerationStats
+
+    @property
+    def drop_finished(self) -> bool: ...
+
+    def move_rows(self, move: RowMove, pad: list[int], length: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -118,34 +149,104 @@ class Joined:
     pad: int
 
 
-def make_room(buffer: TokenBuffer, prompt_length: int, move_rows: MoveRows) -> None:
+def refill(state: QueueState) -> None:
+    """Rows whose caller left end; the slot of every row that ended takes the next prompt, and the next again while
+    the one that joined ends at its first token; a live queue's batch grows while prompts wait and no slot is free;
+    then each generating row's new tokens go to `on_progress`, and the statistics to `on_round`."""
+    slots, hooks = state.slots, state.settings.refill
+    queue = hooks.queue
+    end_cancelled(slots, queue.cancelled())
+    grow_for_waiting(state)
+    for slot in slots.free(queue.pending()):
+        while queue.pending() and not slots.generating[slot]:
+            join(state, slot, queue.take())
+    if hooks.on_progress is not None:
+        for slot in slots.live():
+            count = slots.new_tokens[slot]
+            hooks.on_progress(slots.caller_rows[slot], slots.row_tokens(slot, slots.length, count))
+    if hooks.on_round is not None:
+        hooks.on_round(state.stats)
+
+
+def end_cancelled(slots: Slots, cancelled: list[int]) -> None:
+    """Live queues: the rows of callers who left end now, with what they committed (their slots free)."""
+    ending = set(cancelled)
+    for slot in slots.live():
+        if slots.caller_rows[slot] in ending:
+            slots.finish(slot)
+
+
+def grow_for_waiting(state: QueueState) -> None:
+    """Live queues (the dynamic layout): as many slots more as prompts wait beyond the free ones, up to
+    `Refill.slots`."""
+    refill, slots = state.settings.refill, state.slots
+    if refill.slots is None or not state.drop_finished:
+        return
+    pending = refill.queue.pending()
+    extra = min(pending - len(slots.free(pending)), refill.slots - slots.batch)
+    if extra > 0:
+        grow(slots, extra, state.move_rows)
+
+
+def join(state: QueueState, slot: int, arrival: Arrival) -> None:
+    """Steps 1-5 for `arrival` at `slot`: room, tokens, the prompt pass, the first token (committed; the row ends
+    at once where it ends there), the drafter."""
+    began = time.perf_counter()
+    slots, settings, refill = state.slots, state.settings, state.settings.refill
+    length = arrival.prompt.shape[0]
+    make_room(slots, length, state.move_rows)
+    state.selector.add_row(arrival.index, arrival.processors)
+    limit = arrival.max_new_tokens if arrival.max_new_tokens is not None else settings.max_new_tokens
+    joined = prefill_row(state, slot, arrival, limit, began)
+    done = ends_at_once(joined, slots, settings.eos_token_ids, settings.stop, limit)
+    slots.commit({slot: 1}, {slot: done}, slots.length - 1)  # a row that ended drops its processors (its hook)
+    if not done:
+        state.drafter.insert_row(slot, refill.width(length), refill.pad_id)
+    state.stats.record_join(time.perf_counter() - began)
+
+
+def make_room(slots: Slots, prompt_length: int, move_rows: MoveRows) -> None:
     """Move every row right so that a prompt of `prompt_length` tokens fits before the newest column (step 1):
-    one `move_rows(move, pad, length)` through the buffer, the target's cache and the drafter
+    one `move_rows(move, pad, length)` through the slots, the target's cache and the drafter
     (`engine.state.DecodingState.move_rows`)."""
-    columns = prompt_length + 1 - buffer.length
+    columns = prompt_length + 1 - slots.length
     if columns <= 0:
         return
-    move, pad = widen(buffer.pad, columns, buffer.ids.device)
-    move_rows(move, pad, buffer.length + columns)
+    move, pad = widen(slots.padding.host, columns, slots.ids.device)
+    move_rows(move, pad, slots.length + columns)
 
 
-def prefill_row(
-    buffer: TokenBuffer, target: Runner, refill: Refill, slot: int, arrival: Arrival, choose_first: Callable
-) -> Joined:
-    """Steps 2-4 for `arrival` at `slot` (room made): its tokens, its pass, its first token."""
-    prompt = arrival.prompt.to(buffer.ids.device)
-    pad = buffer.place_row(slot, prompt, arrival.index, refill.pad_id)
+def prefill_row(state: QueueState, slot: int, arrival: Arrival, limit: int, began: float) -> Joined:
+    """Steps 2-4 for `arrival` at `slot` (room made), its token limit `limit`, its join begun at `began`: its
+    tokens, its pass, its first token."""
+    slots, refill = state.slots, state.settings.refill
+    prompt = arrival.prompt.to(slots.ids.device)
+    pad = slots.join(slot, prompt, arrival.index, limit, refill.pad_id, began)
     length = prompt.shape[0]
-    logits = target.insert_row(slot, prompt, pad, length, refill.width(length), refill.pad_id)  # [1, 1, V]
-    rows = RowStarts([pad], [arrival.index])
-    first = choose_first(logits, buffer.ids[slot : slot + 1, : buffer.length - 1], rows)  # [1]
-    buffer.ids[slot, buffer.length - 1] = first[0]
+    logits = state.target.insert_row(slot, prompt, pad, length, refill.width(length), refill.pad_id)  # [1, 1, V]
+    own = RowStarts([pad], [arrival.index])
+    context = slots.ids[slot : slot + 1, : slots.length - 1]
+    first = choose_first(logits, context, state.selector, state.generator, own)[0]  # [1]
+    slots.place_first(slot, first)
     return Joined(slot, arrival.index, first, logits, pad)
 
 
-def ends_at_once(
-    joined: Joined, buffer: TokenBuffer, eos_token_ids: torch.Tensor | None, stop, max_new_tokens: int
-) -> bool:
+def choose_first(
+    logits: torch.Tensor,
+    context: torch.Tensor,
+    selector: TokenSelector,
+    generator: torch.Generator | None,
+    starts: RowStarts | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the token after `context` [B], its processed scores [B, 1, V]) from the last position's `logits`, as the
+    prompt pass chooses it."""
+    scores = selector.scores(logits, context, starts)
+    if selector.do_sample:
+        return sample(torch.softmax(scores, dim=-1), generator)[:, -1], scores
+    return scores.argmax(dim=-1)[:, -1], scores
+
+
+def ends_at_once(joined: Joined, slots: Slots, eos_token_ids: torch.Tensor | None, stop, max_new_tokens: int) -> bool:
     """Whether the joined row's first token ends it: EOS, a stop string or criterion, or a limit of one token."""
     if max_new_tokens == 1:
         return True
@@ -153,22 +254,18 @@ def ends_at_once(
         return True
     if stop is not None:
         rows = RowStarts([joined.pad], [joined.index])
-        row = buffer.ids[joined.slot : joined.slot + 1]
-        return bool(stop.hits(row, buffer.length - 1, 1, joined.logits[:, -1:], rows).any())
+        row = slots.ids[joined.slot : joined.slot + 1]
+        return bool(stop.hits(row, slots.length - 1, 1, joined.logits[:, -1:], rows).any())
     return False
 
 
-def free_slots(live: list[bool], pending: int) -> list[int]:
-    """The slots a queue refills now: the first `pending` rows that do not generate."""
-    return [b for b, alive in enumerate(live) if not alive][:pending]
-
-
-def grow(buffer: TokenBuffer, rows: int, move_rows: MoveRows) -> None:
-    """Live queues: `rows` more slots at the end, copies of row 0 (one `move_rows` through the buffer, the
-    target's cache and the drafter) that a joining prompt overwrites, as it overwrites a finished row's slot."""
-    batch = len(buffer.pad)
-    kept = tuple(range(batch)) + (0,) * rows
-    device = buffer.ids.device
+def grow(slots: Slots, rows: int, move_rows: MoveRows) -> None:
+    """Live queues: `rows` more slots at the end, copies of slot 0 that do not generate (`Slots.move`; one
+    `move_rows` through the slots, the target's cache and the drafter), which a joining prompt overwrites, as it
+    overwrites a finished row's slot."""
+    pad = slots.padding.host
+    kept = tuple(range(len(pad))) + (0,) * rows
+    device = slots.ids.device
     move = RowMove(torch.tensor(kept, device=device), torch.zeros(len(kept), dtype=torch.long, device=device),
                    (0,) * len(kept), kept)  # fmt: skip
-    move_rows(move, [*buffer.pad, *([buffer.pad[0]] * rows)], buffer.length)
+    move_rows(move, [*pad, *([pad[0]] * rows)], slots.length)

@@ -19,14 +19,14 @@ from transformers import PreTrainedModel
 from assisted_backends import hf_compat
 from assisted_backends.engine.cache_surgery import move_cache_rows, write_cache_row
 from assisted_backends.engine.realign import RowMove
-from assisted_backends.engine.tokens import RowPadding
+from assisted_backends.engine.slots import RowPadding
 
 
 class CacheLayout(ABC):
     """One model's KV cache plus the bookkeeping the runner needs to call the model.
 
-    `padding`: each row's left padding (masked out). Given the token buffer's `RowPadding`, the layout reads the
-    buffer's own (held once: moving the buffer's rows moves it); given a tensor [B], the layout holds its own.
+    `padding`: each row's left padding (masked out). Given the slots' `RowPadding`, the layout reads the
+    slots' own (held once: moving the slots' rows moves it); given a tensor [B], the layout holds its own.
     """
 
     name: str
@@ -39,11 +39,6 @@ class CacheLayout(ABC):
     def pad(self) -> torch.Tensor:
         """[B] left-padding positions per row, on the device."""
         return self.padding.tensor
-
-    @pad.setter
-    def pad(self, pad: torch.Tensor) -> None:
-        """A padding of this layout's own from now on (a draft whose columns are not the buffer's)."""
-        self.padding = RowPadding.of(pad)
 
     @property
     @abstractmethod
@@ -62,7 +57,7 @@ class CacheLayout(ABC):
 
     def move_rows(self, move: RowMove, length: int) -> None:
         """Batches (`engine.realign`): move every row's cached positions by its shift and keep at most `length`
-        (fewer when a row moved left past what was written); the rows' new padding is the buffer's, moved first."""
+        (fewer when a row moved left past what was written); the rows' new padding is the slots', moved first."""
         keep = max(0, min(length, self.length + min(move.shifts))) if self.length > 0 else 0  # empty stays empty
         if self.length > 0:
             move_cache_rows(self.cache, move, self.length, keep, in_place=self._in_place)
@@ -70,7 +65,7 @@ class CacheLayout(ABC):
 
     def set_row_pad(self, slot: int, pad: int) -> None:
         """Queues (`engine.joins`): the row at `slot` has a new occupant behind `pad` columns of padding
-        (already so when the padding is the buffer's, which placed the row)."""
+        (already so when the padding is the slots', which placed the row)."""
         self.padding.set_row(slot, pad)
 
     def write_row(
@@ -183,7 +178,7 @@ def make_layout(
     name: str, model: PreTrainedModel, pad: torch.Tensor | RowPadding, capacity: int, bucket: int
 ) -> CacheLayout:
     """Layout `name` ("dynamic" or "static"); a static one is preallocated to `capacity` rounded up to `bucket`.
-    `pad`: the token buffer's `RowPadding` (shared), or a tensor [B] (a padding of the layout's own)."""
+    `pad`: the slots' `RowPadding` (shared), or a tensor [B] (a padding of the layout's own)."""
     if name == "static":
         return StaticLayout(model, pad, bucketed(capacity, bucket))
     return DynamicLayout(model, pad)

@@ -1,7 +1,7 @@
 """One round of assisted decoding: draft γ → verify γ + 1 → accept n → commit n + 1 → roll back the rest.
 
 Notation (Leviathan et al. 2023, Chen et al. 2023; glossary in docs/design.md). A round starts with L committed
-tokens in the buffer, the newest (column L − 1) pending: the target's cache holds columns [0, L − 1). The
+tokens in the slots, the newest (column L − 1) pending: the target's cache holds columns [0, L − 1). The
 drafter writes x_1..x_γ at columns [L, L + γ); the target scores the pending token and the drafts in one pass
 (m = γ + 1 positions); each row b accepts n_b ≤ γ drafts (greedy: the longest prefix equal to the target's
 argmax; sampling: the rejection rule of `engine.acceptance`) and gets the target's own token y_b after them.
@@ -10,8 +10,9 @@ drafter's roll back to the committed tokens, the newest pending again. The promp
 nothing drafted: every committed token pending, through the same `verify` and `commit` (n = 0).
 
 Everything a round reads and changes is one `DecodingState` (`engine.state`): a round is
-`speculative_round(state, γ)`; `verify` returns one `Verification` whichever way it verified; the state keeps the
-round's statistics in one place (`DecodingState.record_round`) and realigns the rows of a batch (`settle`).
+`speculative_round(state, γ)`; `verify` returns one `Verification` whichever way it verified; the slots commit
+(`engine.slots`); the state keeps the round's statistics in one place (`DecodingState.record_round`) and realigns
+the rows of a batch (`settle`).
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ from assisted_backends.engine.head_on_demand import greedy_accept_on_demand
 from assisted_backends.engine.runner import Runner
 from assisted_backends.engine.sampling import TokenSelector, sample
 from assisted_backends.engine.schedule import RoundObservation
+from assisted_backends.engine.slots import Slots
 from assisted_backends.engine.state import DecodingState
-from assisted_backends.engine.tokens import RowStarts, TokenBuffer
 
 
 def speculative_round(state: DecodingState, gamma: int) -> RoundObservation:
     """One round asking for γ draft tokens (γ = 0: a plain round); what it cost and yielded, for the schedule."""
-    buffer, drafter = state.buffer, state.drafter
-    start, slots = buffer.length, state.live.slots()  # L; the slots generating
-    callers = [buffer.caller_rows[b] for b in slots]  # before the rows move
+    slots, drafter = state.slots, state.drafter
+    start, live = slots.length, slots.live()  # L; the slots generating
+    callers = [slots.caller_rows[b] for b in live]  # before the rows move
     if gamma > 0 and not drafter.ready():  # the drafter's first look at the committed tokens
         gamma = 0
     began = time.perf_counter()
@@ -49,8 +50,8 @@ def speculative_round(state: DecodingState, gamma: int) -> RoundObservation:
     state.settle(start, n, kept, drafted=gamma > 0)  # batches: realign the rows; both caches rolled back
     drafter.note_stop(state.stats)
     # batches: the verify cost includes realigning the rows (it grows with γ too)
-    verify_s = (time.perf_counter() if buffer.batched else verified_at) - drafted_at
-    accepted = [n[b] for b in slots]
+    verify_s = (time.perf_counter() if slots.batched else verified_at) - drafted_at
+    accepted = [n[b] for b in live]
     return state.record_round(verification, callers, accepted, (drafted_at - began, verify_s), gamma > 0, len(n))
 
 
@@ -58,24 +59,9 @@ def prefill(state: DecodingState) -> None:
     """The prompt pass: the round with nothing drafted. The target reads every committed token (all pending: its
     cache is empty) and each row's first token is chosen and committed through the same `verify` and `commit` as
     a round's. The drafter sees nothing yet (`GuardedDrafter.ready`); rows realign in the loop, where they may."""
-    start = state.buffer.length
+    start = state.slots.length
     commit(state, start, verify(state, start, Proposal(0)))
-    state.buffer.end_round(start + 1)
-
-
-def choose_first(
-    logits: torch.Tensor,
-    context: torch.Tensor,
-    selector: TokenSelector,
-    generator: torch.Generator | None,
-    starts: RowStarts | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Queues (`engine.joins`): (the token after `context` [B], its processed scores [B, 1, V]) from the last
-    position's `logits`, as the prompt pass chooses it."""
-    scores = selector.scores(logits, context, starts)
-    if selector.do_sample:
-        return sample(torch.softmax(scores, dim=-1), generator)[:, -1], scores
-    return scores.argmax(dim=-1)[:, -1], scores
+    state.slots.end_round(start + 1)
 
 
 def verify(state: DecodingState, start: int, proposal: Proposal) -> Verification:
@@ -88,20 +74,20 @@ def verify(state: DecodingState, start: int, proposal: Proposal) -> Verification
     the last position's logits only, as `model.generate`'s prefill does.
     """
     if _tree_wanted(state, start, proposal):  # one row, dynamic cache: the path, then a chain
-        return verify_tree(state.target, state.buffer, start, proposal, state.selector, state.generator)
-    target, buffer, selector, split = state.target, state.buffer, state.selector, state.split
+        return verify_tree(state.target, state.slots, start, proposal, state.selector, state.generator)
+    target, slots, selector, split = state.target, state.slots, state.selector, state.split
     gamma = proposal.count
-    draft = buffer.ids[:, start : start + gamma]  # [B, γ]
-    tokens = buffer.ids[:, target.length : start + gamma]  # [B, pending + γ]
-    starts = buffer.row_starts()
+    draft = slots.ids[:, start : start + gamma]  # [B, γ]
+    tokens = slots.ids[:, target.length : start + gamma]  # [B, pending + γ]
+    starts = slots.row_starts()
     if split is not None and gamma > 0 and split.wanted():
         hidden = target.forward(tokens, hidden_only=True)  # [B, γ+1, D]
-        choose = selector.greedy_from(buffer.ids, start, starts)
+        choose = selector.greedy_from(slots.ids, start, starts)
         accepted, next_token, logits = greedy_accept_on_demand(draft, hidden, split.head, choose, split)
-        return Verification(accepted, next_token, logits, None, gamma, gamma, gamma, gamma + 1)
+        return Verification.chain(accepted, next_token, logits, None, gamma)
     prompt_pass = gamma == 0 and target.length == 0  # nothing cached yet: every committed token pending
     logits = target.forward(tokens, last_only=prompt_pass)  # [B, γ+1, V] ([B, 1, V] for the prompt pass)
-    scores = selector.scores(logits, buffer.through(start + gamma), starts)  # [B, γ+1, V]
+    scores = selector.scores(logits, slots.through(start + gamma), starts)  # [B, γ+1, V]
     if not selector.do_sample:
         accepted, next_token = greedy_accept(draft, scores.argmax(dim=-1))
         if split is not None and gamma > 0:
@@ -112,14 +98,14 @@ def verify(state: DecodingState, start: int, proposal: Proposal) -> Verification
         p = torch.softmax(scores, dim=-1)  # [B, 1, V]
         accepted = torch.zeros(p.shape[0], dtype=torch.long, device=p.device)
         next_token = sample(p[:, -1], state.generator)
-    return Verification(accepted, next_token, logits, scores, gamma, gamma, gamma, gamma + 1)
+    return Verification.chain(accepted, next_token, logits, scores, gamma)
 
 
 def _tree_wanted(state: DecodingState, start: int, proposal: Proposal) -> bool:
     """Whether this round verifies the proposal's token tree rather than its chain: a tree with branches, one row,
     no fixed shapes or queue, a runner that can (`Runner.tree_refusal`); else the chain, as always."""
     tree, target, settings = proposal.tree, state.target, state.settings
-    if tree is None or tree.size <= proposal.count or state.buffer.batched or settings.static_shapes:
+    if tree is None or tree.size <= proposal.count or state.slots.batched or settings.static_shapes:
         return False
     if settings.refill is not None or target.length != start - 1:
         return False  # queues
@@ -132,7 +118,7 @@ def _tree_wanted(state: DecodingState, start: int, proposal: Proposal) -> bool:
 
 def verify_tree(
     target: Runner,
-    buffer: TokenBuffer,
+    slots: Slots,
     start: int,
     proposal: Proposal,
     selector: TokenSelector,
@@ -143,31 +129,30 @@ def verify_tree(
     the target's cache keeps them at those positions, and the round commits them as a chain of n drafts (logits and
     processed scores [1, n + 1, V] along the path)."""
     tree = proposal.tree
-    root = buffer.ids[:, start - 1 : start]  # [1, 1]
+    root = slots.ids[:, start - 1 : start]  # [1, 1]
     nodes = torch.tensor([tree.tokens], dtype=root.dtype, device=root.device)  # [1, N]
     tokens = torch.cat([root, nodes], dim=1)  # [1, N + 1]
     logits = target.forward_tree(tokens, tree)  # [1, N + 1, V]
-    prefix = buffer.through(start)  # [1, start]: ends with the root
+    prefix = slots.through(start)  # [1, start]: ends with the root
     scored: dict[int, torch.Tensor] = {}
 
-    def scores_at(row: int, path: list[int]) -> torch.Tensor:
-        context = torch.cat([prefix, tokens[:, path[1:]]], dim=1)  # ends with row's token
-        scored[row] = selector.scores(logits[:, row : row + 1], context)  # [1, 1, V]
-        return scored[row][0, 0]
+    def scores_at(query: int, path: list[int]) -> torch.Tensor:
+        context = torch.cat([prefix, tokens[:, path[1:]]], dim=1)  # ends with the query's token
+        scored[query] = selector.scores(logits[:, query : query + 1], context)  # [1, 1, V]
+        return scored[query][0, 0]
 
     path, token = tree_accept(tree.children(), tokens[0].tolist(), scores_at, selector.do_sample, generator)
     n = len(path)
-    if n:
-        buffer.ids[0, start : start + n] = tokens[0, path]
+    if n:  # the accepted path, laid out as a chain of drafts
+        slots.write_draft(start, tokens[0, path], slot=0)
     target.keep_path(start - 1, path)
     kept = [0] + path
     device = root.device
     accepted = torch.tensor([n], device=device)
     next_token = torch.tensor([token], dtype=root.dtype, device=device)
-    scores = torch.cat([scored[row] for row in kept], dim=1)
+    scores = torch.cat([scored[query] for query in kept], dim=1)
     # the path's depth (at most γ) is what the schedule's model sees
-    return Verification(accepted, next_token, logits[:, kept], scores, n, tree.size, max(proposal.count, n),
-                        tree.size + 1, tree=True)  # fmt: skip
+    return Verification.tree_path(accepted, next_token, logits[:, kept], scores, n, tree.size, max(proposal.count, n))
 
 
 def commit(state: DecodingState, start: int, verification: Verification) -> tuple[list[int], dict[int, int]]:
@@ -176,23 +161,26 @@ def commit(state: DecodingState, start: int, verification: Verification) -> tupl
 
     The span [B, m = γ + 1] holds the γ drafts from column `start`, then scratch; the logits [B, m', V] with m' ≤ m
     (the head on demand computes fewer: positions past them lie past n, never committed)."""
-    buffer, live, settings = state.buffer, state.live, state.settings
+    slots, settings = state.slots, state.settings
     accepted, logits, scores = verification.accepted, verification.logits, verification.scores
-    slots = live.slots()
-    remaining = {b: settings.limit(buffer.caller_rows[b]) - buffer.new_tokens[b] for b in slots}
-    span = buffer.ids[:, start : start + verification.drafts + 1]  # [B, m]: the drafts, then scratch
-    span.scatter_(1, accepted[:, None], verification.next_token[:, None])  # y_b after the n_b accepted drafts
+    live = slots.live()
+    remaining = {b: slots.remaining(b) for b in live}
+    # [B, m]: the drafts, then scratch; y_b after the n_b accepted drafts
+    span = slots.place_target_tokens(start, accepted, verification.next_token, verification.drafts)
     stops = None
     if settings.stop is not None:
-        stops = settings.stop.hits(buffer.ids, start, logits.shape[1], logits, buffer.row_starts())
+        stops = settings.stop.hits(slots.ids, start, logits.shape[1], logits, slots.row_starts())
         stops = torch.nn.functional.pad(stops, (0, span.shape[1] - logits.shape[1]), value=False)
     n, ends, tokens = _outcome(accepted, span, settings.eos_token_ids, stops, settings.on_commit is not None)
-    kept = {b: min(n[b] + 1, remaining[b], ends[b] + 1) for b in slots}
-    done = {b: ends[b] < kept[b] or kept[b] == remaining[b] for b in slots}
+    kept = {b: min(n[b] + 1, remaining[b], ends[b] + 1) for b in live}
+    done = {b: ends[b] < kept[b] or kept[b] == remaining[b] for b in live}
     if settings.record is not None:  # the logits behind the tokens each row commits
         for b, count in kept.items():
-            settings.record.add(buffer.caller_rows[b], logits[b], scores[b], count)
-    live.commit(kept, done, start)
+            settings.record.add(slots.caller_rows[b], logits[b], scores[b], count)
+    slots.commit(kept, done, start)
+    if settings.prefix is not None:  # rows that ended: their committed tokens into the prefix cache
+        for b in (b for b in live if done[b]):
+            settings.prefix.keep_finished(slots, b, start + kept[b])
     if settings.on_commit is not None:
         settings.on_commit(tokens[: kept[0]])  # committed tokens only: never a rejected draft token
     return n, kept

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedModel
@@ -21,13 +21,16 @@ from assisted_backends.engine import cache_surgery
 from assisted_backends.engine.head_on_demand import OnDemandHead
 from assisted_backends.engine.kv_cache import CacheLayout, make_layout
 from assisted_backends.engine.realign import RowMove
+from assisted_backends.engine.slots import RowPadding, Slots
 from assisted_backends.engine.token_tree import MASK_IMPLEMENTATIONS, TokenTree, attention_mask
-from assisted_backends.engine.tokens import RowPadding, TokenBuffer
+
+if TYPE_CHECKING:  # a call without a prefix cache imports none of it
+    from assisted_backends.engine.prefix_reuse import PrefixReuse
 
 
 class CausalModel(Protocol):
     """What a runner drives, whichever implementation computes it: transformers' modeling (the reference, on the
-    package's kernels or not) or the native decoder (`quantized.native_decoder.NativeCausalLM`).
+    package's kernels or not) or the native decoder (`native.decoder_model.NativeCausalLM`).
 
     - `forward(input_ids [B, q], attention_mask [B, T] | None, position_ids [B, q], past_key_values, cache_position
       [q], logits_to_keep)` writes the q new positions at `cache_position` and returns an object with `.logits`
@@ -44,9 +47,12 @@ class CausalModel(Protocol):
 
 class FeatureTap(Protocol):
     """A drafter reading the target's hidden states (`drafters.eagle.features.FeatureStore`): around every forward
-    of the target, `capture(start)` keeps the features of the positions fed from column `start`."""
+    of the target, `capture(start)` keeps the features of the positions fed from column `start`; around a queue's
+    one-row pass over a joining prompt, `capture_row(slot, start)` keeps them in the row at `slot` alone."""
 
     def capture(self, start: int) -> Any: ...
+
+    def capture_row(self, slot: int, start: int) -> Any: ...
 
 
 @runtime_checkable
@@ -58,9 +64,9 @@ class Runner(Protocol):
       `head`: the output head on demand (`engine.head_on_demand`), or None where the model offers none.
     - `forward(tokens [B, q], last_only, hidden_only)`: feed `tokens` after the cached positions; float logits
       [B, q or 1, V], or with `hidden_only` the head's inputs [B, q, D].
-    - `forward_tree(tokens [1, N + 1], tree)`, `keep_path(begin, rows)`, `tree_refusal()`: token trees.
+    - `forward_tree(tokens [1, N + 1], tree)`, `keep_path(begin, queries)`, `tree_refusal()`: token trees.
     - `rollback(length)`: forget positions from `length` on. `move_rows(move, length)`: batches, the rows moved
-      (their padding is the token buffer's, moved first). `insert_row(...)`: queues, a prompt takes a slot.
+      (their padding is the slots', moved first). `insert_row(...)`: queues, a prompt takes a slot.
     - `tap_features(tap)`: a drafter reads the hidden states of every forward from now on (steps eagerly).
     """
 
@@ -73,7 +79,7 @@ class Runner(Protocol):
 
     def forward_tree(self, tokens: torch.Tensor, tree: TokenTree) -> torch.Tensor: ...
 
-    def keep_path(self, begin: int, rows: list[int]) -> None: ...
+    def keep_path(self, begin: int, queries: list[int]) -> None: ...
 
     def tree_refusal(self) -> str | None: ...
 
@@ -99,7 +105,7 @@ class ModelRunner:
     `head_on_demand`: the loop may ask for the head's inputs instead of logits (`engine.head_on_demand`),
     once the first prefill showed that applying the head itself reproduces the model's logits.
     `position_limit`: the positions the model can encode (None: no clamping);
-    `inputs_from`: a token buffer whose per-column forward inputs (`token_type_ids`, caller-given
+    `inputs_from`: the slots whose per-column forward inputs (`token_type_ids`, caller-given
     `position_ids`) go with the fed columns; `eager`: the model a backend wrapped (a graph-captured step), stepped
     instead once a drafter taps the hidden states (None: `model` itself runs eagerly).
     """
@@ -111,7 +117,7 @@ class ModelRunner:
         step_boundary: Callable[[], None] = lambda: None,
         head_on_demand: bool = False,
         position_limit: int | None = None,
-        inputs_from: TokenBuffer | None = None,
+        inputs_from: Slots | None = None,
         eager: PreTrainedModel | None = None,
     ) -> None:
         self.layout = layout
@@ -125,6 +131,7 @@ class ModelRunner:
         self.head = OnDemandHead.of(model) if head_on_demand else None
         self.tree_passes = 0  # token-tree verify passes (`forward_tree`)
         self.feature_tap: FeatureTap | None = None  # set by `tap_features`
+        self.prefix: PrefixReuse | None = None  # prompt passes reuse earlier prefixes (`engine.prefix_reuse`)
 
     def run_eagerly(self) -> None:
         """Step the model the backend wrapped (`eager`) directly, with the same cache: for drafters that read hidden
@@ -155,7 +162,13 @@ class ModelRunner:
 
     def forward(self, tokens: torch.Tensor, last_only: bool = False, hidden_only: bool = False) -> torch.Tensor:
         """Feed `tokens` [B, q] after the cached positions; return float logits [B, q or 1, V], or with
-        `hidden_only` the head's inputs [B, q, D] (the head is skipped: `head.logits` applies it)."""
+        `hidden_only` the head's inputs [B, q, D] (the head is skipped: `head.logits` applies it). A prompt pass
+        (`last_only` on an empty cache) with a prefix cache feeds only what it does not restore
+        (`engine.prefix_reuse`), and stores the prompts afterwards."""
+        reuse = self._prefix_reuse(last_only)
+        prompt = tokens
+        if reuse is not None:
+            tokens = tokens[:, reuse.restore(self.layout, tokens) :]
         query_length = tokens.shape[1]
         start = self.layout.length
         cache_position = torch.arange(start, start + query_length, device=tokens.device)  # [q]
@@ -193,6 +206,8 @@ class ModelRunner:
         self.layout.advance(query_length)
         self.forward_count += 1
         self.step_boundary()
+        if reuse is not None:
+            reuse.store_prompts(self.layout, prompt)
         if hidden_only:
             return self.head.captured
         logits = output.logits
@@ -201,6 +216,13 @@ class ModelRunner:
         if checking:
             self.head.check(logits)
         return logits.float()
+
+    def _prefix_reuse(self, last_only: bool) -> PrefixReuse | None:
+        """The prefix cache a prompt pass reuses: one is set, the cache is empty, and no drafter reads every position's
+        hidden states, no per-column input changes the keys (else None: the pass runs as it would without)."""
+        if self.prefix is None or not last_only or self.layout.length != 0:
+            return None
+        return self.prefix if self.feature_tap is None and self.inputs_from is None else None
 
     def tree_refusal(self) -> str | None:
         """Why this runner cannot verify a token tree (None: it can): trees need one row, a dynamic cache of plain
@@ -239,11 +261,11 @@ class ModelRunner:
 
     def forward_tree(self, tokens: torch.Tensor, tree: TokenTree) -> torch.Tensor:
         """Token trees (`engine.token_tree`): feed `tokens` [1, N + 1] (the pending token, then the tree's nodes)
-        after the cached positions, row r at position length + depth(r), seeing the prefix and its ancestors only;
-        float logits [1, N + 1, V]. The cache then holds all N + 1 rows (`keep_path` keeps one path)."""
+        after the cached positions, query r at position length + depth(r), seeing the prefix and its ancestors only;
+        float logits [1, N + 1, V]. The cache then holds all N + 1 queries (`keep_path` keeps one path)."""
         start = self.layout.length
-        rows = tokens.shape[1]
-        cache_position = torch.arange(start, start + rows, device=tokens.device)  # [N + 1]
+        queries = tokens.shape[1]
+        cache_position = torch.arange(start, start + queries, device=tokens.device)  # [N + 1]
         depths = torch.tensor(tree.depths(), device=tokens.device)
         position_ids = (start + depths)[None, :].clamp(min=0, max=self._max_position)  # [1, N + 1]
         model = self._tree_model
@@ -260,17 +282,17 @@ class ModelRunner:
                 **hf_compat.cache_kwargs(model, self.layout.cache),
                 **kwargs,
             )
-        self.layout.advance(rows)
+        self.layout.advance(queries)
         self.forward_count += 1
         self.tree_passes += 1
         self.step_boundary()
         return output.logits.float()
 
-    def keep_path(self, begin: int, rows: list[int]) -> None:
-        """After a tree pass that began at position `begin` (its root): keep the root and the tree `rows` (ascending)
-        at consecutive positions [begin, begin + 1 + len(rows)); the rest is rolled back."""
-        cache_surgery.keep_cache_positions(self.layout.cache, begin + 1, [begin + row for row in rows])
-        self.layout.rollback(begin + 1 + len(rows))
+    def keep_path(self, begin: int, queries: list[int]) -> None:
+        """After a tree pass that began at position `begin` (its root): keep the root and the tree's `queries`
+        (ascending) at consecutive positions [begin, begin + 1 + len(queries)); the rest is rolled back."""
+        cache_surgery.keep_cache_positions(self.layout.cache, begin + 1, [begin + query for query in queries])
+        self.layout.rollback(begin + 1 + len(queries))
 
     def extend_from(self, source: ModelRunner, layers: int, end: int) -> bool:
         """Take positions [length, end) of the first `layers` layers from `source`'s cache instead of computing
@@ -293,14 +315,18 @@ class ModelRunner:
         One pass of the model over the prompt alone, left-padded to `width` columns (a prompt bucket under static
         shapes, else P) in a one-row cache of this runner's layout kind; its first `keep` positions' keys and values
         (keep <= P: what this cache holds of the row, the rest stays pending) are written into the row. Returns the
-        logits of the prompt's last position [1, 1, V] (what `model.generate` on that prompt alone computes first)."""
+        logits of the prompt's last position [1, 1, V] (what `model.generate` on that prompt alone computes first).
+        A tapped runner hands the pass's features to the row (`FeatureTap.capture_row`)."""
         length = prompt.shape[0]
         scratch = ModelRunner(
             self.model, self.layout.one_row(self.model, width - length, width), self.step_boundary,
             position_limit=self.position_limit,
         )  # fmt: skip
+        scratch.prefix = self.prefix  # its prompt pass reuses and stores prefixes as the call's prefill does
         tokens = torch.nn.functional.pad(prompt[None], (width - length, 0), value=pad_id)  # [1, width]
-        logits = scratch.forward(tokens, last_only=True)  # [1, 1, V]
+        tap = self.feature_tap
+        with tap.capture_row(slot, begin - (width - length)) if tap is not None else nullcontext():
+            logits = scratch.forward(tokens, last_only=True)  # [1, 1, V]
         self.forward_count += 1
         self.layout.set_row_pad(slot, begin)
         self.layout.write_row(slot, scratch.layout, begin, width - length, keep)
@@ -315,13 +341,13 @@ class ModelRunner:
 
     def move_rows(self, move: RowMove, length: int) -> None:
         """Batches: shift each row's cached positions (`engine.realign`); keep at most `length`. The rows' padding is
-        the token buffer's (`RowPadding`), which moved first."""
+        the slots' (`RowPadding`), which moved first."""
         self.layout.move_rows(move, length)
 
 
 @dataclass(frozen=True)
 class RunnerBuilder:
-    """The runners of one call (`api.run` makes it, `drafters.factory` calls it for a draft): over the token buffer's
+    """The runners of one call (`api.run` makes it, `drafters.factory` calls it for a draft): over the slots'
     rows (reading its `padding`) or some of them (`rows`: a padding of their own), a cache layout of the plan's kind
     (`layout`, `capacity`, `bucket`), the backend's `step_boundary`, and `eager_of(model)`: the model a backend's
     wrapper stepped, for a runner whose hidden states a drafter taps (`ModelRunner.tap_features`)."""
@@ -339,9 +365,9 @@ class RunnerBuilder:
         rows: list[int] | None = None,
         head_on_demand: bool = False,
         limit: int | None = None,
-        inputs: TokenBuffer | None = None,
+        inputs: Slots | None = None,
     ) -> ModelRunner:
-        """A runner for `model`: `head_on_demand` as the plan decided, `limit` its positions, `inputs` the buffer
+        """A runner for `model`: `head_on_demand` as the plan decided, `limit` its positions, `inputs` the slots
         whose per-column inputs go with the fed columns."""
         padding = self.padding
         if rows is not None:

@@ -24,7 +24,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from assisted_backends.engine.tokens import RowStarts
+from assisted_backends.engine.slots import RowStarts
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class TokenSelector:
         prefix begins at column rows.starts[b] instead, and prefix-dependent processors see one row at a time.
         """
         batch, query_length, vocab = logits.shape
-        if self._prefix_processors:
+        if self._prefix_processors or (rows is not None and any((self._row_prefix_processors or {}).values())):
             positions = []
             for j in range(query_length):  # γ + 1 positions at most
                 end = context.shape[1] - (query_length - 1 - j)

@@ -453,18 +453,26 @@ class ScheduleSpec:
         )
 
 
-def choose_schedule(
-    name: str | None,
-    num_assistant_tokens: int | None,
-    static_shapes: bool,
-    default_gamma: int,
-    max_gamma: int,
-    cost_prior: float | None = None,
-    seeded_sampling: bool = False,
-    horizon: int | None = None,
-    prompt_pass_prior: float = 0.0,
-    acceptance_prior: float | None = None,
-) -> ScheduleSpec:
+@dataclass(frozen=True)
+class ScheduleChoice:
+    """What a call's schedule is chosen from (`choose_schedule`): the caller's `name` and `num_assistant_tokens`
+    (None: not given), whether static shapes or seeded sampling fix γ, the γ of a constant schedule and the most
+    an adaptive one tries (`default_gamma`, `max_gamma`: the drafter's), and the adaptive schedule's priors
+    (`ScheduleSpec`)."""
+
+    name: str | None
+    num_assistant_tokens: int | None
+    default_gamma: int
+    max_gamma: int
+    static_shapes: bool = False
+    seeded_sampling: bool = False
+    cost_prior: float | None = None
+    prompt_pass_prior: float = 0.0
+    horizon: int | None = None
+    acceptance_prior: float | None = None
+
+
+def choose_schedule(choice: ScheduleChoice) -> ScheduleSpec:
     """`constant` when γ is fixed by the user or by static shapes, or when sampling with a seed; else
     `adaptive` (the default). Names and combinations were checked by `options.ranges.check_shapes`.
 
@@ -472,33 +480,33 @@ def choose_schedule(
     times, and which random numbers a round draws depends on γ: the tokens would follow the same
     distribution but differ from run to run. `schedule="adaptive"` still asks for it explicitly.
     """
+    name, gamma = choice.name, choice.num_assistant_tokens
     if name is None:
-        fixed = num_assistant_tokens is not None or static_shapes or seeded_sampling
+        fixed = gamma is not None or choice.static_shapes or choice.seeded_sampling
         name = "constant" if fixed else "adaptive"
     if name == "constant":
-        return ScheduleSpec("constant", num_assistant_tokens or default_gamma)
-    return ScheduleSpec(
-        "adaptive", num_assistant_tokens or max_gamma, cost_prior, prompt_pass_prior, horizon, acceptance_prior
-    )
+        return ScheduleSpec("constant", gamma or choice.default_gamma)
+    priors = (choice.cost_prior, choice.prompt_pass_prior, choice.horizon, choice.acceptance_prior)
+    return ScheduleSpec("adaptive", gamma or choice.max_gamma, *priors)
 
 
 class TreePrice:
-    """Chain or token tree, by measured cost (`engine.token_tree`): t_v(M), the verify pass over M rows of one row's
-    round, is averaged per M (`_VerifyCost`); a tree of M' rows whose drafter expects E' tokens accepted is verified
-    instead of its chain (M rows, E expected) when (E' + 1) / t_v(M') >= (E + 1) / t_v(M): the wider pass must be
-    paid back by the tokens it is expected to add. An M' never measured is taken as the nearest measured one (tried
-    once, then priced)."""
+    """Chain or token tree, by measured cost (`engine.token_tree`): t_v(M), the verify pass over M query positions of
+    one row's round, is averaged per M (`_VerifyCost`); a tree of M' queries whose drafter expects E' tokens accepted
+    is verified instead of its chain (M queries, E expected) when (E' + 1) / t_v(M') >= (E + 1) / t_v(M): the wider
+    pass must be paid back by the tokens it is expected to add. An M' never measured is taken as the nearest measured
+    one (tried once, then priced)."""
 
     def __init__(self) -> None:
         self.cost = _VerifyCost()
         self.trees = 0  # rounds that verified a tree
         self.declined = 0  # trees offered but priced out (their chain verified)
 
-    def observe(self, rows: int, seconds: float) -> None:
-        self.cost.add(rows, seconds)
+    def observe(self, queries: int, seconds: float) -> None:
+        self.cost.add(queries, seconds)
 
-    def worth(self, chain_rows: int, tree_rows: int, chain_expected: float, tree_expected: float) -> bool:
-        t_chain, t_tree = self.cost(chain_rows), self.cost(tree_rows)
+    def worth(self, chain_queries: int, tree_queries: int, chain_expected: float, tree_expected: float) -> bool:
+        t_chain, t_tree = self.cost(chain_queries), self.cost(tree_queries)
         if t_chain <= 0.0 or t_tree <= 0.0:
             return True  # nothing measured yet
         wanted = (tree_expected + 1.0) / t_tree >= (chain_expected + 1.0) / t_chain

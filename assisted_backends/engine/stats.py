@@ -1,4 +1,7 @@
-"""Statistics of one generation, returned as data (the CLI prints them)."""
+"""Statistics of one generation, returned as data (the CLI prints them).
+
+Written in one place: every field changes only through the methods below (`record_*`, `track_rows`), which the
+engine calls (`engine.slots` for each row's, `engine.state` and `engine.loop` for the call's)."""
 
 from __future__ import annotations
 
@@ -39,6 +42,14 @@ class RowStats(_Rates):
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
+
+    def record_commit(self, new_tokens: int) -> None:
+        """The row has committed `new_tokens` tokens after its prompt so far."""
+        self.new_tokens = new_tokens
+
+    def record_finish(self, at: float) -> None:
+        """The row's last token was committed `at` seconds after the call's start."""
+        self.finished_s = at
 
 
 @dataclass
@@ -81,6 +92,7 @@ class GenerationStats(_Rates):
     head_positions_skipped: int = 0  # verified positions whose logits were never computed (`engine.head_on_demand`)
     drafting_stopped: str | None = None  # why drafting stopped for the rest of the call (its limits, an error)
     drafting_stopped_at: int | None = None  # new tokens committed (all rows) when it stopped
+    prefix_reused: int = 0  # prompt tokens whose keys and values came from the prefix cache (`engine.prefix_reuse`)
 
     @property
     def speculative_rounds(self) -> int:
@@ -117,6 +129,46 @@ class GenerationStats(_Rates):
             self.per_position_drafted[position] += 1
             if position < accepted:
                 self.per_position_accepted[position] += 1
+
+    def track_rows(self, rows: list[RowStats]) -> None:
+        """Each row's own statistics are `rows` (by the caller's index; a queue appends the rows that join)."""
+        self.batch_size, self.rows = len(rows), rows
+
+    def record_slots(self, slots: int) -> None:
+        """Queues: the batch served `slots` slots."""
+        self.batch_size = slots
+
+    def record_prefix_reused(self, tokens: int) -> None:
+        """`tokens` prompt tokens had their keys and values from the prefix cache (`engine.prefix_reuse`)."""
+        self.prefix_reused = tokens
+
+    def record_skipped(self, positions: int) -> None:
+        """A round verified `positions` positions whose logits were never computed (`engine.head_on_demand`)."""
+        self.head_positions_skipped += positions
+
+    def record_move(self, seconds: float) -> None:
+        """The rows were realigned after a round, in `seconds` (`engine.realign`)."""
+        self.row_moves += 1
+        self.move_s += seconds
+
+    def record_join(self, seconds: float) -> None:
+        """A queue's prompt joined the batch: its prompt pass and insertion took `seconds` (`engine.joins`)."""
+        self.joins += 1
+        self.join_s += seconds
+
+    def record_stop(self, reason: str, committed: int) -> None:
+        """Drafting stopped for the rest of the call, `reason`, after `committed` new tokens (all rows); the first
+        stop is kept."""
+        if self.drafting_stopped is None:
+            self.drafting_stopped, self.drafting_stopped_at = reason, committed
+
+    def record_totals(
+        self, new_tokens: int, prefill_s: float, decode_s: float, target_forwards: int, draft_forwards: int
+    ) -> None:
+        """The call ended: its new tokens (all rows), the prompt pass's and the rounds' seconds, the passes of each
+        model."""
+        self.new_tokens, self.prefill_s, self.decode_s = new_tokens, prefill_s, decode_s
+        self.target_forwards, self.draft_forwards = target_forwards, draft_forwards
 
     def to_dict(self) -> dict:
         data = asdict(self)

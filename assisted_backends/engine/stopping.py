@@ -19,13 +19,13 @@ from collections.abc import Callable
 
 import torch
 
-from assisted_backends.engine.tokens import RowStarts
+from assisted_backends.engine.slots import RowStarts
 
 Criterion = Callable[[torch.Tensor, torch.Tensor], object]  # (input_ids [1, L], scores [1, V]) -> bool / [1]
 
 
 class StopCheck:
-    """Evaluates `criteria` on candidate prefixes of the token buffer's ids.
+    """Evaluates `criteria` on candidate prefixes of the slots' ids.
 
     `offset`: leading positions `model.generate` would not see (static-shape bucket padding).
     """

@@ -1,4 +1,5 @@
-"""The one loader: a saved model directory, a `.gguf` file (or a directory holding one), or a Hub id.
+"""One loader per kind of model argument: a saved model directory, a `.gguf` file (or a directory holding one), a
+Hub id (`loading.open` opens a name through these).
 
 A directory holding an EAGLE-3 head (`drafters.eagle.checkpoint`: `fc.weight` and `midlayer.*` tensors, in
 either published layout) loads as an `Eagle3Head`; it has no tokenizer of its own (it drafts in its target's).
@@ -17,7 +18,6 @@ from pathlib import Path
 
 from assisted_backends import hf_compat
 from assisted_backends.backends.base import DTYPES
-from assisted_backends.drafters.eagle.build import is_eagle_head
 from assisted_backends.drafters.eagle.checkpoint import is_eagle_checkpoint, load_head
 from assisted_backends.loading import files
 from assisted_backends.loading.files import ModelFileError
@@ -139,23 +139,6 @@ def load_tokenizer(name: str | os.PathLike, what: str = "model"):
         raise _offline(str(name), what) from None
 
 
-def model_type(name: str, what: str = "model") -> str:
-    """The `model_type` in a model's config.json, or a `.gguf` file's metadata (read without loading weights)."""
-    from transformers import AutoConfig
-
-    gguf = files.find_gguf(name, what)
-    if gguf is not None:
-        found = gguf_config(gguf, what).get("model_type")
-        if not found:
-            raise ModelFileError(f"{what} {gguf}: its GGUF metadata names no general.architecture; download it again")
-        return str(found)
-    resolved = resolve(name, what)
-    try:
-        return AutoConfig.from_pretrained(resolved, local_files_only=Path(resolved).is_dir()).model_type
-    except OSError:
-        raise _offline(name, what) from None
-
-
 def saved_generation_config(name: str | os.PathLike, what: str = "model") -> dict:
     """The fields of a local model's `generation_config.json` ({} for a Hub id or a model without one); for a `.gguf`
     file, what transformers writes there for it (its config's generation fields: the `tokenizer.ggml.*` BOS, EOS and
@@ -172,23 +155,3 @@ def saved_generation_config(name: str | os.PathLike, what: str = "model") -> dic
         return json.loads(GenerationConfig.from_model_config(source).to_json_string())
     path = Path(resolve(str(name), what)) / "generation_config.json"
     return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def load_arguments(
-    model, assistant_model, tokenizer, assistant_tokenizer, dtype: str | None = None, draft_precision: str | None = None
-) -> tuple:
-    """`generate`'s model arguments with every `str`/`Path` loaded (in `dtype` / `draft_precision`, see
-    `load_model`). When the two loaded models have different vocabularies and no tokenizers were given, both
-    names' tokenizers are loaded too, so cross-tokenizer drafting works."""
-    model_name = model if isinstance(model, (str, os.PathLike)) else None
-    draft_name = assistant_model if isinstance(assistant_model, (str, os.PathLike)) else None
-    if model_name is not None:
-        model = load_model(model_name, "model", dtype)
-    if draft_name is not None:
-        assistant_model = load_model(draft_name, "assistant_model", draft_precision or dtype)
-    named = model_name is not None and draft_name is not None and tokenizer is None and assistant_tokenizer is None
-    if named and not is_eagle_head(assistant_model):  # an EAGLE-3 head drafts in the target's vocabulary
-        if model.get_input_embeddings().num_embeddings != assistant_model.get_input_embeddings().num_embeddings:
-            tokenizer = load_tokenizer(model_name, "model")
-            assistant_tokenizer = load_tokenizer(draft_name, "assistant_model")
-    return model, assistant_model, tokenizer, assistant_tokenizer

@@ -3,9 +3,9 @@
 A library of its own (`DECODER`: its sources' and headers' hash, its cache folder `<cache>/decoder/<key>/`), built
 by the same machinery as the kernels (`extension.build_library`: one builder at a time, a failed build remembered
 with the compiler's first error), so the decoder and the kernels never rebuild each other, except through the headers
-they share (`csrc/row_math.h`: the fp16 conversion, the exp, the attention row; `csrc/block_layout.h`: the reader of
-the stored codes), which both keys hash. It calls the
-kernels (`block_linear`) through torch's dispatcher, so the kernels' library must be loaded first: `module()` asks
+they share (`csrc/row_math.h`: the fp16 conversion, the exp, the 8-lane tree; `csrc/block_layout.h`: the reader of
+the stored codes), which both keys hash. It calls the kernels (`block_linear`, `cache_attention`) through torch's
+dispatcher, so the kernels' library must be loaded first: `module()` asks
 `extension.status()` for that and builds nothing where the kernels do not run. `ASSISTED_BACKENDS_NATIVE=off`
 switches the decoder off (the run keeps transformers' modeling on the kernels).
 """
@@ -20,7 +20,7 @@ from assisted_backends.native import extension
 
 FOLDER = Path(__file__).with_name("decoder")
 SOURCE = FOLDER / "decoder.cpp"
-HEADERS = (FOLDER / "attention.h", extension.CSRC / "row_math.h", extension.CSRC / "block_layout.h")
+HEADERS = (extension.CSRC / "row_math.h", extension.CSRC / "block_layout.h")
 SWITCH_VARIABLE = "ASSISTED_BACKENDS_NATIVE"
 _NAME = "assisted_backends_decoder"
 # -ffp-contract=off: no FMA may change an fp32 op's rounding (the kernels' flags)

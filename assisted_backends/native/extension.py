@@ -62,10 +62,10 @@ from assisted_backends.cache_dir import cache_root
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "block_kernels.cpp"
 SOURCES = (SOURCE, CSRC / "block_tile_avx512.cpp", CSRC / "block_tile_avx2.cpp", CSRC / "block_tile_amx.cpp",
-           CSRC / "row_attention.cpp")  # fmt: skip
+           CSRC / "row_attention.cpp", CSRC / "cache_attention.cpp")  # fmt: skip
 #: row_math.h: the arithmetic the kernels share with the native decoder (its build key hashes it too)
 HEADERS = (CSRC / "block_layout.h", CSRC / "block_avx512.h", CSRC / "cpu_features.h", CSRC / "tile_pool.h",
-           CSRC / "block_tile_avx2.inc", CSRC / "row_math.h")  # fmt: skip
+           CSRC / "block_tile_avx2.inc", CSRC / "row_math.h", CSRC / "chunk_attention.h")  # fmt: skip
 LIBRARY = "assisted_backends_block_kernels"
 ISA_NAMES = ("scalar", "avx2", "avxvnni", "avx512vnni", "amx", "amxmodel")  # the C++ enum's order (cpu_features.h)
 #: CPUID features as /proc/cpuinfo names them, in the bit order of csrc/cpu_features.h
@@ -212,8 +212,10 @@ _ERROR_LINE = re.compile(r"(?:^|\s)(?:fatal )?error:|undefined reference|cannot 
 # a diagnostic about the sources themselves (file:line: error, an undefined symbol): the same sources fail again
 _SOURCE_FAULT = re.compile(r"\.(?:cpp|h|inc|cc)(?::\d+)+: (?:fatal )?error:|undefined reference")
 # signs of a failure of the moment: a compiler killed (OOM, Ctrl-C), out of disk or memory
-_TRANSIENT = re.compile(r"Killed|killed|signal|terminated|No space left|Cannot allocate memory|out of memory|"
-                        r"internal compiler error")
+_TRANSIENT = re.compile(
+    r"Killed|killed|signal|terminated|No space left|Cannot allocate memory|out of memory|"
+    r"internal compiler error"
+)
 
 
 def remembered_failure(error: BaseException, output: str) -> bool:
@@ -440,6 +442,10 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("assisted_backends::row_attention")
     def _(q, k, v, mask, lengths, scale, isa):
+        return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
+
+    @torch.library.register_fake("assisted_backends::cache_attention")
+    def _(q, k, v, allowed, start, window, scale, isa):
         return q.new_empty((q.shape[0], q.shape[2], q.shape[1], q.shape[3]))
 
     @torch.library.register_fake("assisted_backends::block_quantize_activations")

@@ -10,6 +10,7 @@ positions whose tokens are later rejected.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 
 import torch
@@ -17,6 +18,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
 
 from assisted_backends.options.errors import refusal
+from assisted_backends.options.request import GenerationOptions
 
 
 def special_tokens(
@@ -39,31 +41,34 @@ def special_tokens(
     return eos_ids, pad
 
 
+def _own_state(processor: LogitsProcessor) -> LogitsProcessor:
+    """A caller's processor that keeps state per sequence (`structured.GrammarProcessor`: `for_new_sequence`) starts
+    anew in each list built here: one per call, per batch row and per queued prompt."""
+    fresh = getattr(processor, "for_new_sequence", None)
+    return fresh() if callable(fresh) else processor
+
+
 def logits_processors(
-    model: PreTrainedModel,
-    config: GenerationConfig,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    device: torch.device,
-    custom: list[LogitsProcessor] = (),
-    prefix_allowed_tokens_fn=None,
+    model: PreTrainedModel, options: GenerationOptions, device: torch.device
 ) -> list[LogitsProcessor]:
-    """The processors (and, when sampling, warpers) `model.generate` builds for `input_ids` [B, P], in its
-    order, with their tensors on `device`; `custom`: the caller's `logits_processor=` list."""
+    """The processors (and, when sampling, warpers) `model.generate` builds for the call of `options` (its prompt
+    [B, P], mask, merged config, the caller's `logits_processor=` list and prefix function), in its order, with
+    their tensors on `device`."""
     build = getattr(model, "_get_logits_processor", None)
     if not callable(build):
         raise refusal("not_generation_model", {"model": type(model).__name__, "method": "_get_logits_processor"},
                       name="model")  # fmt: skip
-    config = copy.copy(config)
-    special_tokens(model, config, attention_mask is not None, device)
-    input_ids = input_ids.to(device)
-    mask = attention_mask.reshape(input_ids.shape).to(device) if attention_mask is not None else None
+    config = copy.copy(options.config)
+    special_tokens(model, config, options.attention_mask is not None, device)
+    input_ids = options.input_ids.to(device)
+    mask = options.attention_mask
+    mask = mask.reshape(input_ids.shape).to(device) if mask is not None else None
     processors = build(
         generation_config=config,
         input_ids_seq_length=input_ids.shape[1],
         encoder_input_ids=input_ids,
-        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-        logits_processor=LogitsProcessorList(custom),
+        prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn,
+        logits_processor=LogitsProcessorList([_own_state(p) for p in options.custom_processors]),
         device=device,
         model_kwargs={"attention_mask": mask} if mask is not None else {},
     )
@@ -72,21 +77,23 @@ def logits_processors(
 
 def row_logits_processors(
     model: PreTrainedModel,
-    config: GenerationConfig,
+    options: GenerationOptions,
     input_ids: torch.Tensor,
     user_pad: list[int],
-    max_new_tokens: int,
     device: torch.device,
-    custom: list[LogitsProcessor] = (),
 ) -> list[list[LogitsProcessor]]:
-    """Batches: for each row, the processors `model.generate` builds for that row's prompt alone (without its
-    padding: lengths such as min_new_tokens count from its own prompt)."""
+    """Batches: for each row of `input_ids` [B, P] (`user_pad` its left padding), the processors `model.generate`
+    builds for that row's prompt alone, with the config and processors of `options` (without its padding: lengths
+    such as min_new_tokens count from its own prompt)."""
     lists = []
     for row, pad in enumerate(user_pad):
         prompt = input_ids[row : row + 1, pad:]
-        row_config = copy.copy(config)
-        row_config.max_length = prompt.shape[1] + max_new_tokens
-        if row_config.min_new_tokens is not None:
-            row_config.min_length = row_config.min_new_tokens + prompt.shape[1]
-        lists.append(logits_processors(model, row_config, prompt, None, device, custom))
+        config = copy.copy(options.config)
+        config.max_length = prompt.shape[1] + options.config_limit
+        if config.min_new_tokens is not None:
+            config.min_length = config.min_new_tokens + prompt.shape[1]
+        alone = dataclasses.replace(
+            options, config=config, input_ids=prompt, attention_mask=None, prefix_allowed_tokens_fn=None
+        )
+        lists.append(logits_processors(model, alone, device))
     return lists

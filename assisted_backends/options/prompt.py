@@ -2,7 +2,9 @@
 
 Without these checks a token id past the vocabulary would surface as an IndexError deep inside the
 embedding; each gets one line naming the argument. Masks with holes (right padding, pad tokens inside a
-prompt) are served as `model.generate` serves them: the masked columns are never attended.
+prompt) are served as `model.generate` serves them: the masked columns are never attended. A mask inferred from
+the pad id (none passed) is applied as transformers applies it, a row it masks whole included; only a mask the
+caller passed is refused for leaving a row no token (`check_mask`).
 """
 
 from __future__ import annotations
@@ -40,9 +42,8 @@ def check_token_ids(input_ids, vocabulary: int | None) -> None:
     raise refusal("prompt_vocabulary", {"token": token, "position": bad, "vocabulary": vocabulary}, name=IDS)
 
 
-def validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, list[int]]:
-    """Return input_ids as [B, P] long and each row's number of left-padding positions (its leading masked
-    columns; masked columns after a row's first token, right padding included, are holes: `has_holes`)."""
+def validate_prompt(input_ids) -> torch.Tensor:
+    """input_ids as [B, P] long (a 1-D prompt is one row)."""
     if not isinstance(input_ids, torch.Tensor):
         raise refusal("prompt_type", {"found": type(input_ids).__name__}, name=IDS)
     if input_ids.dim() == 1:
@@ -53,8 +54,11 @@ def validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, list[int]]
         raise refusal("prompt_empty", name=IDS)
     if input_ids.shape[0] == 0:
         raise refusal("prompt_no_rows", name=IDS)
-    if attention_mask is None:
-        return input_ids.long(), [0] * input_ids.shape[0]
+    return input_ids.long()
+
+
+def check_mask(attention_mask, input_ids: torch.Tensor) -> None:
+    """The caller's mask: a tensor of `input_ids`' [B, P] (or [P] for one row) that leaves every row a token."""
     if not isinstance(attention_mask, torch.Tensor):
         raise refusal("mask_type", {"found": type(attention_mask).__name__}, name=MASK)
     if attention_mask.dim() == 1:
@@ -62,12 +66,20 @@ def validate_prompt(input_ids, attention_mask) -> tuple[torch.Tensor, list[int]]
     if attention_mask.shape != input_ids.shape:
         shapes = {"shape": tuple(attention_mask.shape), "ids_shape": tuple(input_ids.shape)}
         raise refusal("mask_shape", shapes, name=MASK)
-    mask = attention_mask.bool()
+    empty = ~attention_mask.bool().any(dim=1)
+    if bool(empty.any()):
+        raise refusal("mask_empty_row", {"row": int(empty.nonzero()[0, 0])}, name=MASK)
+
+
+def left_padding(attention_mask: torch.Tensor | None, rows: int) -> list[int]:
+    """Each row's left padding: its leading masked columns (masked columns after a row's first token, right
+    padding included, are holes: `has_holes`). A row masked whole, which only a mask transformers inferred leaves
+    (`check_mask` refuses a caller's), has none: its columns are holes, applied as `model.generate` applies them."""
+    if attention_mask is None:
+        return [0] * rows
+    mask = attention_mask.reshape(rows, -1).bool()
     pads = (~mask).long().cumprod(dim=1).sum(dim=1)  # [B] leading zeros
-    if bool((pads == mask.shape[1]).any()):
-        row = int((pads == mask.shape[1]).nonzero()[0, 0])
-        raise refusal("mask_empty_row", {"row": row}, name=MASK)
-    return input_ids.long(), [int(pad) for pad in pads]
+    return [0 if int(pad) == mask.shape[1] else int(pad) for pad in pads]
 
 
 def inferred_attention_mask(input_ids: torch.Tensor, pad_id: int | None, eos_ids: list[int] | None):

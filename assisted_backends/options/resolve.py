@@ -5,16 +5,17 @@ Priority, as in transformers: explicit argument > the `generation_config` passed
 given, ...). The merge is transformers' own (`_prepare_generation_config`); the fields this package
 cannot honour are refused by name (`fields.REFUSED`), never ignored. The drafting fields
 (`prompt_lookup_num_tokens`, `assistant_early_exit`, `num_assistant_tokens`) follow the same precedence,
-whichever entry point the call came through.
+whichever entry point the call came through. `build_request` is where a call becomes its `GenerationRequest`
+(`options.request`): everything about the call itself is checked there, once.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
-from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -26,76 +27,22 @@ from assisted_backends.options import fields, prompt, ranges
 from assisted_backends.options.criteria import Criteria, build_criteria
 from assisted_backends.options.errors import refusal
 from assisted_backends.options.processors import special_tokens
+from assisted_backends.options.request import (
+    CallArguments,
+    CallSettings,
+    DraftingFields,
+    GenerationOptions,
+    GenerationRequest,
+    LimitSource,
+    OutputRequest,
+    QueueShape,
+)
 
 DEFAULT_NEW_TOKENS = 20  # transformers' default max_length, counted after the prompt
 # Forward inputs that follow the sequence, one value per column, extended as `model.generate` extends them.
 COLUMN_INPUTS = ("token_type_ids", "position_ids")
 # Forward arguments `model.generate` accepts that never change the tokens.
 NO_EFFECT_INPUTS = ("logits_to_keep", "num_logits_to_keep", "use_cache", "return_dict")
-# Where a call's length limit came from, after the precedence: max_new_tokens, max_length (it counts the prompt),
-# or transformers' default of 20 new tokens.
-LimitSource = Literal["max_new_tokens", "max_length", "default"]
-
-
-@dataclass(frozen=True)
-class DraftingFields:
-    """The drafting fields after the precedence (None: not set anywhere)."""
-
-    prompt_lookup_num_tokens: int | None = None
-    assistant_early_exit: int | None = None
-    num_assistant_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class OutputRequest:
-    """What the caller wants back besides the sequences."""
-
-    return_dict: bool = False
-    scores: bool = False  # processed scores of each committed token (`output_scores`)
-    logits: bool = False  # raw logits of each committed token (`output_logits`)
-
-
-@dataclass(frozen=True)
-class GenerationOptions:
-    """What a call generates with, resolved once.
-
-    input_ids [B, P] (user left padding included, as `model.generate` counts it); `user_pad` each row's
-    leading masked positions; `attention_mask` the caller's or the inferred one (None: all attended);
-    `config` the merged generation config (its max_length what processors see); `max_new_tokens` the
-    loop's limit (a caller's `MaxLengthCriteria` replaces the config's); `eos_ids` the ids that end a
-    row; `column_inputs` forward inputs given per prompt column ([B, P] each); `limit_source` where the
-    config's limit came from (`config_limit`).
-    """
-
-    config: GenerationConfig
-    input_ids: torch.Tensor
-    user_pad: list[int]
-    max_new_tokens: int
-    eos_ids: list[int] | None
-    pad_id: int
-    sampling: SamplingConfig
-    attention_mask: torch.Tensor | None
-    criteria: Criteria
-    drafting: DraftingFields = DraftingFields()
-    outputs: OutputRequest = OutputRequest()
-    column_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
-    custom_processors: tuple = ()  # the caller's `logits_processor=` list
-    prefix_allowed_tokens_fn: Any = None
-    limit_source: LimitSource = "max_new_tokens"
-
-    @property
-    def config_limit(self) -> int:
-        """The new tokens the generation config allows (max_new_tokens, or max_length after the prompt, or the
-        default), not a caller's criterion's: what the logits processors are built for."""
-        return self.config.max_length - self.input_ids.shape[1]
-
-    @property
-    def limit_counts_prompt(self) -> bool:
-        """Whether the length limit counts the prompt: max_length set, or a caller's `MaxLengthCriteria`, without
-        max_new_tokens (a queue refuses it: its prompts have different lengths)."""
-        if self.limit_source == "max_new_tokens":
-            return False
-        return self.limit_source == "max_length" or self.criteria.max_length is not None
 
 
 def split_arguments(model: PreTrainedModel, kwargs: dict[str, Any]) -> tuple[dict, dict]:
@@ -195,86 +142,157 @@ def _config_limit(
     return limit - prompt_length, "default"
 
 
-def resolve(
+def build_request(
     model: PreTrainedModel,
     facts: ModelFacts,
-    input_ids,
-    attention_mask,
-    generation_config: GenerationConfig | None,
-    kwargs: dict[str, Any],
-    stopping_criteria=None,
-    tokenizer=None,
-    logits_processor=None,
-    prefix_allowed_tokens_fn=None,
-) -> GenerationOptions:
+    tokenizer: Any,
+    call: CallArguments,
+    settings: CallSettings = CallSettings(),
+    queue: QueueShape | None = None,
+) -> GenerationRequest:
+    """The `GenerationRequest` of one call (or of a queue's first batch, `queue` its shape): the package's own
+    settings checked, the options resolved (`resolve`), what a streamer or a queue cannot serve refused."""
+    seed = ranges.check_integer("seed", settings.seed)
+    ranges.check_shapes(settings.cache_layout, settings.static_shapes, settings.schedule, None)
+    options = resolve(model, facts, tokenizer, call)
+    ranges.check_streaming(settings.streaming, options.input_ids.shape[0])
+    if queue is not None:
+        check_queue_options(options)
+    return GenerationRequest(options, dataclasses.replace(settings, seed=seed), queue)
+
+
+def check_queue_options(options: GenerationOptions) -> None:
+    """What a queue of prompts cannot serve per prompt, refused by name (`options.fields.QUEUE_REFUSED`): outputs,
+    a prefix function (its batch_id would not name the prompt), a limit that counts the prompt."""
+    asked = {
+        "output_scores": options.outputs.scores,
+        "output_logits": options.outputs.logits,
+        "prefix_allowed_tokens_fn": options.prefix_allowed_tokens_fn is not None,
+        "max_length": options.limit_counts_prompt,
+    }
+    for name, value in asked.items():
+        if value:
+            raise refusal("queue_refused", {"reason": fields.QUEUE_REFUSED[name]}, name=name)
+
+
+def resolve(model: PreTrainedModel, facts: ModelFacts, tokenizer: Any, call: CallArguments) -> GenerationOptions:
     """Merge the configs, refuse what cannot be honoured, infer the mask, resolve lengths, special tokens,
     stopping criteria, drafting fields and requested outputs."""
-    explicit, column_inputs = split_arguments(model, kwargs)
-    ranges.check_integer("max_new_tokens", explicit.get("max_new_tokens"), minimum=1)
-    ranges.check_integer("max_length", explicit.get("max_length"), minimum=1)
-    ranges.check_sampling(*(explicit.get(n) for n in ("do_sample", "temperature", "top_k", "top_p")),
-                          explicit.get("repetition_penalty"))  # fmt: skip
-    for given in (generation_config, SimpleNamespace(**explicit)):  # before transformers' own validation
-        refuse_unsupported(given)
-    own = getattr(model, "generation_config", None)
-    for name, reason in fields.REFUSED_OUTPUTS.items():
-        if user_set(name, explicit, generation_config, own):
-            raise refusal("refused_output", {"reason": reason}, name=name)
-    drafting = DraftingFields(*(user_set(name, explicit, generation_config, own) for name in fields.DRAFTING))
-    outputs = OutputRequest(
-        *(bool(user_set(n, explicit, generation_config, own)) for n in fields.OUTPUTS[:3]),
-    )
-    config = merged_config(model, generation_config, explicit)
+    explicit, column_inputs = split_arguments(model, call.arguments)
+    given = (explicit, call.generation_config, getattr(model, "generation_config", None))  # in precedence order
+    drafting, outputs = _requested(given)
+    config = merged_config(model, call.generation_config, explicit)
     refuse_unsupported(config)
-    do_sample = bool(config.do_sample)
-    temperature = 1.0 if config.temperature is None else float(config.temperature)
-    ranges.check_sampling(do_sample, temperature, config.top_k, config.top_p, config.repetition_penalty)
+    sampling = _sampling(config)
+    input_ids, mask = call.input_ids, call.attention_mask
     if input_ids is None:
-        input_ids = prompt.start_ids(None, config.bos_token_id)
-        attention_mask = None
-    eos_ids, pad_id = special_tokens(model, config, attention_mask is not None, torch.device("cpu"))
-    if attention_mask is None:
-        attention_mask = prompt.inferred_attention_mask(input_ids, pad_id, eos_ids)
-    prompt.check_token_ids(input_ids, facts.input_vocab_size)
-    input_ids, user_pad = prompt.validate_prompt(input_ids, attention_mask)
-    if prompt.has_holes(attention_mask, user_pad):  # masked columns inside rows: mask and positions per column
-        mask = attention_mask.reshape(input_ids.shape).long()
-        column_inputs = {"attention_mask": mask, **column_inputs}
-        if "position_ids" not in column_inputs and hf_compat.forward_accepts(model, "position_ids"):
-            column_inputs["position_ids"] = prompt.positions_from_mask(mask, hf_compat.MASKED_POSITION_ID)
+        input_ids, mask = prompt.start_ids(None, config.bos_token_id), None
+    eos_ids, pad_id = special_tokens(model, config, mask is not None, torch.device("cpu"))
+    input_ids, user_pad, mask = _prompt(input_ids, mask, pad_id, eos_ids, facts)
+    if prompt.has_holes(mask, user_pad):  # masked columns inside rows: mask and positions per column
+        column_inputs = _hole_inputs(model, mask.reshape(input_ids.shape).long(), column_inputs)
     prompt_length = input_ids.shape[1]
-    length_set = user_set("max_length", explicit, generation_config, own) is not None
-    config_limit, limit_source = _config_limit(config, length_set, prompt_length, facts)
-    asked = stopping_criteria is not None or getattr(config, "stop_strings", None) is not None
-    criteria = build_criteria(model, config, stopping_criteria, tokenizer) if asked else Criteria([])
+    config_limit, limit_source = _config_limit(config, user_set("max_length", *given) is not None, prompt_length,
+                                               facts)  # fmt: skip
+    criteria = _criteria(model, config, call.stopping_criteria, tokenizer)
     if limit_source == "default" and criteria.max_length is None:
-        warnings.warn(
-            f"no max_new_tokens or max_length given: generating up to {config_limit} new tokens (transformers' "
-            "default max_length of 20); set max_new_tokens to control the length",
-            UserWarning,
-            stacklevel=6,  # the caller of `generate`
-        )
-    config.max_length = prompt_length + config_limit  # what ForcedEOS and the other processors see
-    if config.min_new_tokens is not None:
-        config.min_length = config.min_new_tokens + prompt_length
-    sampling = SamplingConfig(do_sample, temperature, config.top_k or None, config.top_p, config.repetition_penalty)
+        _warn_default_length(config_limit)
+    _set_lengths(config, prompt_length, config_limit)
+    new_tokens = config_limit  # a caller's `MaxLengthCriteria` replaces the config's limit
+    if criteria.max_length is not None:
+        new_tokens = criteria.max_new_tokens(config_limit, prompt_length)
     return GenerationOptions(
         config=config,
         input_ids=input_ids,
         user_pad=user_pad,
-        max_new_tokens=criteria.max_new_tokens(config_limit, prompt_length) if asked else config_limit,
+        max_new_tokens=new_tokens,
         eos_ids=criteria.eos_ids if criteria.eos_ids is not None else (eos_ids or None),
         pad_id=pad_id if pad_id is not None else 0,
         sampling=sampling,
-        attention_mask=attention_mask,
+        attention_mask=mask,
         criteria=criteria,
         drafting=drafting,
         outputs=outputs,
         column_inputs=_column_inputs(column_inputs, input_ids.shape),
-        custom_processors=tuple(logits_processor or ()),
-        prefix_allowed_tokens_fn=_prefix_function(prefix_allowed_tokens_fn, input_ids.shape[0]),
+        custom_processors=tuple(call.logits_processor or ()),
+        prefix_allowed_tokens_fn=_prefix_function(call.prefix_allowed_tokens_fn, input_ids.shape[0]),
         limit_source=limit_source,
     )
+
+
+def _requested(
+    given: tuple[dict, GenerationConfig | None, GenerationConfig | None],
+) -> tuple[DraftingFields, OutputRequest]:
+    """(drafting fields, outputs) the caller set (`given`: explicit arguments, the config passed, the model's),
+    after the checks of what was set explicitly or passed: lengths, sampling ranges, refused fields and outputs."""
+    explicit, generation_config, _ = given
+    ranges.check_integer("max_new_tokens", explicit.get("max_new_tokens"), minimum=1)
+    ranges.check_integer("max_length", explicit.get("max_length"), minimum=1)
+    ranges.check_sampling(*(explicit.get(n) for n in ("do_sample", "temperature", "top_k", "top_p")),
+                          explicit.get("repetition_penalty"))  # fmt: skip
+    for passed in (generation_config, SimpleNamespace(**explicit)):  # before transformers' own validation
+        refuse_unsupported(passed)
+    for name, reason in fields.REFUSED_OUTPUTS.items():
+        if user_set(name, *given):
+            raise refusal("refused_output", {"reason": reason}, name=name)
+    drafting = DraftingFields(*(user_set(name, *given) for name in fields.DRAFTING))
+    return drafting, OutputRequest(*(bool(user_set(name, *given)) for name in fields.OUTPUTS[:3]))
+
+
+def _sampling(config: GenerationConfig) -> SamplingConfig:
+    """The merged config's sampling fields, range-checked."""
+    do_sample = bool(config.do_sample)
+    temperature = 1.0 if config.temperature is None else float(config.temperature)
+    ranges.check_sampling(do_sample, temperature, config.top_k, config.top_p, config.repetition_penalty)
+    return SamplingConfig(do_sample, temperature, config.top_k or None, config.top_p, config.repetition_penalty)
+
+
+def _prompt(
+    input_ids, attention_mask, pad_id: int | None, eos_ids: list[int] | None, facts: ModelFacts
+) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
+    """(input_ids [B, P], each row's left padding, the mask: the caller's, or the one transformers infers from
+    `pad_id`). Only a caller's mask is refused for masking a whole row: an inferred one is applied as
+    `model.generate` applies it (`prompt.left_padding`)."""
+    mask = attention_mask
+    if mask is None:
+        mask = prompt.inferred_attention_mask(input_ids, pad_id, eos_ids)
+    prompt.check_token_ids(input_ids, facts.input_vocab_size)
+    input_ids = prompt.validate_prompt(input_ids)
+    if attention_mask is not None:
+        prompt.check_mask(attention_mask, input_ids)
+    return input_ids, prompt.left_padding(mask, input_ids.shape[0]), mask
+
+
+def _hole_inputs(model: PreTrainedModel, mask: torch.Tensor, given: dict[str, Any]) -> dict[str, Any]:
+    """The column inputs of a mask with holes: the mask itself, and the positions `model.generate` derives from it
+    (unless the caller gave them, or the model takes none)."""
+    inputs = {"attention_mask": mask, **given}
+    if "position_ids" not in inputs and hf_compat.forward_accepts(model, "position_ids"):
+        inputs["position_ids"] = prompt.positions_from_mask(mask, hf_compat.MASKED_POSITION_ID)
+    return inputs
+
+
+def _criteria(model: PreTrainedModel, config: GenerationConfig, stopping_criteria, tokenizer) -> Criteria:
+    """The call's stopping criteria, built only when asked for (`stopping_criteria=` or stop strings)."""
+    if stopping_criteria is None and getattr(config, "stop_strings", None) is None:
+        return Criteria([])
+    return build_criteria(model, config, stopping_criteria, tokenizer)
+
+
+def _warn_default_length(config_limit: int) -> None:
+    warnings.warn(
+        f"no max_new_tokens or max_length given: generating up to {config_limit} new tokens (transformers' "
+        "default max_length of 20); set max_new_tokens to control the length",
+        UserWarning,
+        stacklevel=7,  # the caller of `generate`
+    )
+
+
+def _set_lengths(config: GenerationConfig, prompt_length: int, config_limit: int) -> None:
+    """The merged config's lengths counted with the prompt: what ForcedEOS and the other processors see."""
+    config.max_length = prompt_length + config_limit
+    if config.min_new_tokens is not None:
+        config.min_length = config.min_new_tokens + prompt_length
 
 
 def _prefix_function(function, batch: int):

@@ -1,14 +1,16 @@
 """Weight-only quantized linear layers, and GGUF loading that keeps the weights quantized on CPU.
 
-Modules (one job each): `kernels` (which PyTorch CPU kernels exist and what they compute),
-`int4_layout` (reading rows back out of the int4 kernel's packed layout), `packing` (weights in
-PyTorch's kernels' layouts), `blocks` (weights in the package's kernels' layout), `weights` (the one
-interface every weight format implements, and the formats), `linear` (`QuantizedLinear`,
-`QuantizedEmbedding`, `quantize_model`), `gguf` (GGUF blocks -> kernel layouts, what is exact and what
-is rounded), `gguf_header` (the package's one GGUF header reader, torch-free), `hf_config` (the
-transformers config of a GGUF file), `cache` (where repacked weights are kept), `model`
-(`load_gguf_quantized`), `fusion` (sibling projections in one call), `native_decoder` (`NativeCausalLM`). Vendor
-packages (`gguf`, `safetensors`, `accelerate`) are imported only where used.
+Modules (one job each), bottom floor first (`tests/project/test_floors.py` keeps the stack at most 5 high):
+`kernels` (which PyTorch CPU kernels exist and what they compute), `weights` (the one interface every weight
+format implements), `rounding` (scales rounded up to their stored dtype), `gguf_fields` (the bit fields inside GGUF
+blocks), `gguf_header` (the package's one GGUF header reader, torch-free), `cache` (where repacked weights are
+kept); `int4_layout` (reading rows back out of the int4 kernel's packed layout), `blocks` (weights in the package's
+kernels' layout), `file_checks`; `packing` (weights in PyTorch's kernels' layouts), `fusion` (sibling projections
+in one call), `finite_values`, `hf_config` (the transformers config of a GGUF file); `formats` (the formats by
+name), `linear` (`QuantizedLinear`, `QuantizedEmbedding`, `quantize_model`), `gguf` (GGUF blocks -> kernel
+layouts, what is exact and what is rounded); `model` (`load_gguf_quantized`). The native decoder's step over these
+layers (`NativeCausalLM`) is `native.decoder_model`. Vendor packages (`gguf`, `safetensors`, `accelerate`) are
+imported only where used.
 """
 
 from __future__ import annotations

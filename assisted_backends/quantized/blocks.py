@@ -38,8 +38,9 @@ import numpy as np
 import torch
 
 from assisted_backends.native import extension
-from assisted_backends.quantized.gguf import _high_bits, _k_scale_min, _nibbles, require_gguf
-from assisted_backends.quantized.packing import round_up_to
+from assisted_backends.quantized.gguf_fields import high_bits, k_scale_min, nibbles
+from assisted_backends.quantized.gguf_header import require_gguf
+from assisted_backends.quantized.rounding import round_up_to
 
 LAYOUT_VERSION = 4  # bump when the stored layout changes (it names cached weights); 2: Q5_0 in 5 bits; 3: Q6_K in 6;
 # 4: Q5_1 and Q5_K in 5
@@ -217,17 +218,17 @@ def _as_stored_bytes(values: torch.Tensor) -> torch.Tensor:
 
 
 def _five_bit_codes(blocks: torch.Tensor, start: int) -> torch.Tensor:
-    return _nibbles(blocks[:, start + 4 :]) | (_high_bits(blocks[:, start : start + 4], 32) << 4)
+    return nibbles(blocks[:, start + 4 :]) | (high_bits(blocks[:, start : start + 4], 32) << 4)
 
 
 def _decode(kind: str, blocks: torch.Tensor) -> _Parts:
     """Raw blocks [B, bytes] of `kind` -> `_Parts` (module docstring's table)."""
     if kind == "Q4_0":
-        return _Parts(_nibbles(blocks[:, 2:]), _f16(blocks, 0), None, None, None, 4, 32, 1, 8)
+        return _Parts(nibbles(blocks[:, 2:]), _f16(blocks, 0), None, None, None, 4, 32, 1, 8)
     if kind == "Q4_1":
-        return _Parts(_nibbles(blocks[:, 4:]), _f16(blocks, 0), _f16(blocks, 2), None, None, 4, 32, 1, 0)
+        return _Parts(nibbles(blocks[:, 4:]), _f16(blocks, 0), _f16(blocks, 2), None, None, 4, 32, 1, 0)
     if kind in ("Q4_K", "Q5_K"):
-        sc, mn = _k_scale_min(blocks[:, 4:16])
+        sc, mn = k_scale_min(blocks[:, 4:16])
         qs = blocks[:, -128:].reshape(-1, 4, 32)
         codes = torch.stack([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 256)
         dmin = _negated(_f16(blocks, 2))

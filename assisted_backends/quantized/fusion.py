@@ -1,13 +1,14 @@
 """One kernel call for the projections that read the same input: q/k/v, and gate/up.
 
 A decoder layer calls `q_proj(h)`, `k_proj(h)`, `v_proj(h)` on one tensor h. `fuse_projections` concatenates such
-siblings' block weights along N into one `QuantizedLinear` and puts a `ProjectionSlice` in each sibling's place:
-the first sibling called runs the fused layer on h (one activation quantization, one pass over the weights),
+siblings' block weights along N into one layer (a `QuantizedLinear`) and puts a `ProjectionSlice` in each sibling's
+place: the first sibling called runs the fused layer on h (one activation quantization, one pass over the weights),
 the others return their columns of that result (the same tensor object h: the siblings are called one after
 the other on it). Siblings whose tensors the loader placed one after the other in one buffer (`quantized.model`)
 are fused as a view of it, without a copy (`joined`). Nothing changes in the
 numbers: the kernel computes every output element alone (its tile neighbours do not enter it), so each column of
-the fused result is, bit for bit, what the sibling's own layer computes.
+the fused result is, bit for bit, what the sibling's own layer computes. Siblings are read by the weight they hold
+(a `BlockWeight`) and the fused layer is of their own class: this module stands below `linear`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import torch
 from torch import nn
 
 from assisted_backends.quantized.blocks import TILE, BlockWeight
-from assisted_backends.quantized.linear import QuantizedLinear
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -24,7 +24,7 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 class SharedProjection(nn.Module):
     """The fused layer, and its output for the input the siblings are reading now."""
 
-    def __init__(self, fused: QuantizedLinear, widths: list[int]) -> None:
+    def __init__(self, fused: nn.Module, widths: list[int]) -> None:
         super().__init__()
         self.fused = fused
         self.widths = widths
@@ -60,9 +60,9 @@ class ProjectionSlice(nn.Module):
 
 
 def _fusable(layers: list[nn.Module]) -> bool:
-    if not all(isinstance(layer, QuantizedLinear) and layer.kernel == "blocks" for layer in layers):
+    weights = [getattr(layer, "weight_data", None) for layer in layers]  # a quantized layer's weight, else None
+    if not all(isinstance(w, BlockWeight) for w in weights) or len({type(layer) for layer in layers}) != 1:
         return False
-    weights = [layer.weight_data for layer in layers]
     first = weights[0]
     same = all(
         w.in_features == first.in_features and (w.bits, w.group, w.sb, w.offset) == (first.bits, first.group, first.sb,
@@ -97,7 +97,8 @@ def joined(tensors: list[torch.Tensor]) -> torch.Tensor:
     return first.new_empty(0).set_(first.untyped_storage(), first.storage_offset(), shape)  # contiguous strides
 
 
-def _concatenated(layers: list[QuantizedLinear]) -> QuantizedLinear:
+def _concatenated(layers: list[nn.Module]) -> nn.Module:
+    """One layer of the siblings' class over their block weights joined along N (and their biases)."""
     weights = [layer.weight_data for layer in layers]
     first = weights[0]
     join = lambda name: None if getattr(first, name) is None else joined([getattr(w, name) for w in weights])  # noqa: E731
@@ -105,7 +106,7 @@ def _concatenated(layers: list[QuantizedLinear]) -> QuantizedLinear:
                         sum(w.out_features for w in weights), first.in_features, first.bits, first.group, first.sb,
                         first.offset)  # fmt: skip
     bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
-    return QuantizedLinear(fused, bias)
+    return type(layers[0])(fused, bias)
 
 
 def fuse_projections(model: nn.Module) -> int:

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from assisted_backends.quantized import kernels
+from assisted_backends.quantized.gguf_fields import half, high_bits, k_scale_min, nibbles
 from assisted_backends.quantized.gguf_header import require_gguf
 from assisted_backends.quantized.packing import QuantizedWeight, int4_from_values, int8_from_float, planes_for
 
@@ -78,46 +79,22 @@ class BlockValues:
         return BlockValues(self.values[order], self.scales[order], zeros, self.group_size, self.bits)
 
 
-def _half(blocks: torch.Tensor, start: int) -> torch.Tensor:
-    """fp16 field at byte `start` of each block [B, bytes] -> fp32 [B]."""
-    return blocks[:, start : start + 2].contiguous().view(torch.float16).float().reshape(-1)
-
-
-def _nibbles(qs: torch.Tensor) -> torch.Tensor:
-    """Bytes [B, n] -> [B, 2n]: the n low nibbles, then the n high ones (ggml's order within a run)."""
-    return torch.cat([qs & 0x0F, qs >> 4], dim=1)
-
-
-def _high_bits(qh: torch.Tensor, count: int) -> torch.Tensor:
-    """Little-endian bit field [B, count/8] bytes -> bits [B, count] (bit j of the field at j)."""
-    shifts = torch.arange(8, dtype=torch.uint8)
-    return ((qh[:, :, None] >> shifts) & 1).reshape(qh.shape[0], count)
-
-
-def _k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K / Q5_K: 12 bytes -> eight 6-bit scales and eight 6-bit mins, as fp32 [B, 8]."""
-    a, b, c = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
-    scales = torch.cat([a & 63, (c & 0x0F) | ((a >> 6) << 4)], dim=1)
-    mins = torch.cat([b & 63, (c >> 4) | ((b >> 6) << 4)], dim=1)
-    return scales.float(), mins.float()
-
-
 def _decode_blocks(kind: str, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Blocks [B, bytes] -> values int16 [B, block], scales and zeros fp32 [B, groups] (zeros None: 0)."""
     if kind in ("Q4_0", "Q4_1"):
-        d = _half(blocks, 0)[:, None]
-        values = _nibbles(blocks[:, 2 if kind == "Q4_0" else 4 :]).to(torch.int16) - 8
-        return values, d, None if kind == "Q4_0" else _half(blocks, 2)[:, None] + 8.0 * d
+        d = half(blocks, 0)[:, None]
+        values = nibbles(blocks[:, 2 if kind == "Q4_0" else 4 :]).to(torch.int16) - 8
+        return values, d, None if kind == "Q4_0" else half(blocks, 2)[:, None] + 8.0 * d
     if kind in ("Q5_0", "Q5_1"):
-        d = _half(blocks, 0)[:, None]
+        d = half(blocks, 0)[:, None]
         start = 2 if kind == "Q5_0" else 4
-        codes = _nibbles(blocks[:, start + 4 :]) | (_high_bits(blocks[:, start : start + 4], 32) << 4)
-        return codes.to(torch.int16) - 16, d, None if kind == "Q5_0" else _half(blocks, 2)[:, None] + 16.0 * d
+        codes = nibbles(blocks[:, start + 4 :]) | (high_bits(blocks[:, start : start + 4], 32) << 4)
+        return codes.to(torch.int16) - 16, d, None if kind == "Q5_0" else half(blocks, 2)[:, None] + 16.0 * d
     if kind == "Q8_0":
-        return blocks[:, 2:].contiguous().view(torch.int8).to(torch.int16), _half(blocks, 0)[:, None], None
+        return blocks[:, 2:].contiguous().view(torch.int8).to(torch.int16), half(blocks, 0)[:, None], None
     if kind in ("Q4_K", "Q5_K"):
-        d, dmin = _half(blocks, 0)[:, None], _half(blocks, 2)[:, None]
-        sc, mn = _k_scale_min(blocks[:, 4:16])
+        d, dmin = half(blocks, 0)[:, None], half(blocks, 2)[:, None]
+        sc, mn = k_scale_min(blocks[:, 4:16])
         qs = blocks[:, -128:].reshape(-1, 4, 32)  # four runs of 32 bytes: sub-blocks 2j (low), 2j+1 (high)
         codes = torch.stack([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 256)
         middle = 8.0
@@ -134,7 +111,7 @@ def _decode_blocks(kind: str, blocks: torch.Tensor) -> tuple[torch.Tensor, torch
         codes = (low | ((high & 3).reshape(-1, 256) << 4)).to(torch.int16) - 32
         sub_scales = blocks[:, 192:208].contiguous().view(torch.int8).to(torch.int16)  # [B, 16]
         values = codes * sub_scales.repeat_interleave(16, dim=1)
-        return values, _half(blocks, 208)[:, None], None
+        return values, half(blocks, 208)[:, None], None
     raise NotImplementedError(f"no block decoder for {kind}")
 
 

@@ -1,6 +1,6 @@
 """The package's one GGUF header reader: a file's metadata and tensor table in milliseconds, without torch.
 
-Every reader of a `.gguf` header uses it: the command line's checks before anything loads (`cli.model_files`),
+Every reader of a `.gguf` header uses it: the command line's checks before anything loads (`startup.model_files`),
 the truncation check before a loader meets a file (`loading.files.check_complete`), and the quantized loader
 (`quantized.model`, `quantized.hf_config`). `gguf.GGUFReader` builds a numpy view for every string of every
 metadata array: 13-18 s for Gemma 3's 262,144-token vocabulary on these machines. This reader walks the same

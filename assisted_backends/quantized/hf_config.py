@@ -87,7 +87,8 @@ def load_config(header: GGUFHeader):
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         reason = (" ".join(lines[:2]) or type(error).__name__)[:300]
         kind = values.get("model_type", header.architecture)
-        raise file_checks.GGUFModelError(header.path, "metadata",
-                                         f"transformers cannot build a {kind} config from it ({reason})") from None
+        raise file_checks.GGUFModelError(
+            header.path, "metadata", f"transformers cannot build a {kind} config from it ({reason})"
+        ) from None
     file_checks.check_file(header, config)
     return config

@@ -92,7 +92,7 @@ class _HoldsWeight(nn.Module):
 
     @property
     def block_meta(self) -> dict[str, int] | None:
-        """The package's block layout's integers, None on PyTorch's kernels (`quantized.native_decoder` reads it)."""
+        """The package's block layout's integers, None on PyTorch's kernels (`native.decoder_coverage` reads it)."""
         return self.weight_meta if self.kernel == "blocks" else None
 
 
@@ -277,7 +277,7 @@ def quantized_scheme(model: nn.Module) -> str | None:
 def kernel_report(model: nn.Module) -> str:
     """One line: which kernels `model`'s quantized layers run on, and why not the package's where they don't."""
     kinds = {m.kernel for m in model.modules() if isinstance(m, QuantizedLinear)}
-    step = getattr(model, "step_report", None)  # which forward pass ran and why (`quantized.native_decoder`)
+    step = getattr(model, "step_report", None)  # which forward pass ran and why (`native.decoder_model`)
     if step:
         return _kernel_line(kinds) + "; " + step
     return _kernel_line(kinds)

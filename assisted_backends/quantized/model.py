@@ -44,13 +44,14 @@ from assisted_backends.quantized import blocks, cache, gguf, kernels
 from assisted_backends.quantized.blocks import BlockWeight
 from assisted_backends.quantized.file_checks import GGUFModelError, check_file
 from assisted_backends.quantized.finite_values import check_finite
+from assisted_backends.quantized.formats import format_class
 from assisted_backends.quantized.fusion import SIBLINGS, adjacent, fuse_projections
 from assisted_backends.quantized.gguf_header import GGUFHeader, read_header
 from assisted_backends.quantized.hf_config import load_config
 from assisted_backends.quantized.int4_layout import signature
 from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear, why_not_quantizable
 from assisted_backends.quantized.packing import int4_from_float, int8_from_float
-from assisted_backends.quantized.weights import LinearWeight, format_class
+from assisted_backends.quantized.weights import LinearWeight
 
 SCHEMES = ("file", "int8", "int4", "dense")
 _FORMAT_VERSION = 2  # bump when the repacking of any format changes (it names the cache file)
@@ -61,7 +62,7 @@ _MODEL_TYPE_TO_GGUF = {"cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_mo
 class LoadedGGUF:
     """The model (eval mode), its tokenizer, and how the load went.
 
-    `model`: stepped by the native decoder (one C++ call a forward, `quantized.native_decoder`) where it covers the
+    `model`: stepped by the native decoder (one C++ call a forward, `native.decoder_model`) where it covers the
     model, else transformers' modeling on the kernels; `step` says which and why. `reference`: transformers' modeling
     over the same weights (what `model` wraps, or `model` itself). `seconds`: until the model was ready. The
     tokenizer is built in a background thread (on a first load transformers parses the whole GGUF for it);
@@ -78,17 +79,18 @@ class LoadedGGUF:
 
     @property
     def step(self) -> str:
-        """The forward pass `model` runs, and why (`native_decoder.STEP_LINE`, or transformers' modeling: why)."""
+        """The forward pass `model` runs, and why (`decoder_model.STEP_LINE`, or transformers' modeling: why)."""
         return getattr(self.model, "step_report", "")
 
     @staticmethod
-    def stepped(model: nn.Module, native: bool) -> nn.Module:
-        """`model` (transformers' modeling on the kernels) stepped natively where covered and `native` asks for it
-        (`native_decoder.native_model`); else `model`, its `step_report` saying why not."""
-        from assisted_backends.quantized.native_decoder import native_model
+    def stepped(model: nn.Module, native: bool, kv_cache_dtype: str = "fp32") -> nn.Module:
+        """`model` (transformers' modeling on the kernels) stepped natively where covered and `native` asks for it,
+        its cache kept in `kv_cache_dtype` (`native.decoder_model.native_model`); else `model`, its `step_report`
+        saying why not."""
+        from assisted_backends.native.decoder_model import native_model
 
         if native:
-            return native_model(model).eval()
+            return native_model(model, kv_cache_dtype).eval()
         model.step_report = "forward pass: transformers' modeling on the kernels (native=False)"
         return model
 
@@ -586,6 +588,7 @@ def load_gguf_quantized(
     cache_root: Path | None = None,
     compact: tuple[str, ...] = (),
     native: bool = True,
+    kv_cache_dtype: str = "fp32",
 ) -> LoadedGGUF:
     """A transformers causal LM for the GGUF file `path` with quantized weights (see the module docstring).
 
@@ -594,7 +597,10 @@ def load_gguf_quantized(
     (bf16: fast; fp32: the exact reference, slow). compact: GGUF formats to store as int8 per row
     rather than exactly ("Q6_K": 1 byte a weight instead of 2; see `gguf.kernel_layout`). native: the model stepped
     by the native decoder where it covers it (the default; `LoadedGGUF.step` says which path runs and why); False
-    keeps transformers' modeling (hooks on its layers run, as `train-draft` needs).
+    keeps transformers' modeling (hooks on its layers run, as `train-draft` needs). kv_cache_dtype: the native
+    step's key/value cache, "fp32" (the default: attention as the fp32 reference computes it), "fp16" or "bf16"
+    (half the bytes a step reads at long contexts; assisted decoding still equals plain decoding in that mode, and
+    differs from the fp32 reference by the cache's rounding: docs/native.md).
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r} is not one of {SCHEMES}")
@@ -622,7 +628,7 @@ def load_gguf_quantized(
             model = _install(_skeleton(config), plan)
             fuse_projections(model)
             _release_load_copies(plan)
-            stepped = LoadedGGUF.stepped(model, native)
+            stepped = LoadedGGUF.stepped(model, native, kv_cache_dtype)
             ready = time.perf_counter() - started
             # After the model: a tokenizer thread started earlier would slow the model's build (GIL).
             pending = None
@@ -646,5 +652,5 @@ def load_gguf_quantized(
             cache.write_atomically(directory / "config.json", lambda tmp: tmp.write_text(config.to_json_string()))
         _save_plan(weights, plan)
     _release_load_copies(plan)
-    stepped = LoadedGGUF.stepped(model, native)
+    stepped = LoadedGGUF.stepped(model, native, kv_cache_dtype)
     return LoadedGGUF(stepped, pending, directory, False, time.perf_counter() - started, plan.report, model)

@@ -25,6 +25,7 @@ import torch
 
 from assisted_backends.quantized import kernels
 from assisted_backends.quantized.int4_layout import Int4Layout, layout
+from assisted_backends.quantized.rounding import round_up_to
 
 
 @dataclass
@@ -163,16 +164,6 @@ class AtenLinear:
 
 
 QuantizedWeight = Int8Weight | Int4Weight
-
-
-def round_up_to(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Positive fp32 values -> the nearest `dtype` values not below them (no code then exceeds its range)."""
-    rounded = values.to(dtype)
-    low = rounded.float() < values
-    if low.any():
-        bits = rounded.view(torch.int16 if rounded.element_size() == 2 else torch.int32)
-        bits[low] += 1  # positive floats: the next bit pattern is the next larger value
-    return rounded
 
 
 def int8_from_float(weight: torch.Tensor, dtype: torch.dtype = kernels.FAST_DTYPE) -> Int8Weight:

@@ -1,10 +1,11 @@
-"""The one interface a quantized weight W [N, K] offers `QuantizedLinear` and `QuantizedEmbedding`, and the formats.
+"""The one interface a quantized weight W [N, K] offers `QuantizedLinear` and `QuantizedEmbedding`.
 
 A layer holds its weight as buffers (the module's state: `state_dict`, `.to()`, sharing between a tied embedding
 and LM head) plus a format name and a few integers (`meta()`); it rebuilds the weight object from them
 (`from_buffers`) and asks it for everything else. No layer branches on the weight's class: adding a format is
-adding a class that implements `LinearWeight` and an entry in `FORMATS` (whose names also name the repacked-weights
-cache's entries, `quantized.model`).
+adding a class that implements `LinearWeight` and an entry in `formats.FORMATS` (whose names also name the
+repacked-weights cache's entries, `quantized.model`). It imports none of the formats: they and
+the layers stand on it.
 
 | format   | class                | kernels                                 | buffers                               |
 |----------|----------------------|-----------------------------------------|---------------------------------------|
@@ -20,14 +21,11 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from assisted_backends.quantized.blocks import BlockWeight
-from assisted_backends.quantized.packing import Int4Weight, Int8Weight
-
 
 @runtime_checkable
 class LinearWeight(Protocol):
-    """W [N, K] in one kernel layout. Class attributes: `format` (its name in `FORMATS`), `kernel` ("blocks": the
-    package's kernels, "aten": PyTorch's)."""
+    """W [N, K] in one kernel layout. Class attributes: `format` (its name in `formats.FORMATS`), `kernel` ("blocks":
+    the package's kernels, "aten": PyTorch's)."""
 
     format: str
     kernel: str
@@ -74,13 +72,3 @@ class LinearWeight(Protocol):
 
     def describe(self) -> str:
         """A phrase for the layer's repr."""
-
-
-FORMATS: dict[str, type[LinearWeight]] = {cls.format: cls for cls in (BlockWeight, Int8Weight, Int4Weight)}
-
-
-def format_class(name: str) -> type[LinearWeight]:
-    """The class of format `name` (a cache entry's "scheme")."""
-    if name not in FORMATS:
-        raise ValueError(f"unknown quantized weight format {name!r}; known: {sorted(FORMATS)}")
-    return FORMATS[name]

@@ -1,71 +1,70 @@
 """The HTTP side (FastAPI on uvicorn): routes, request bodies to engine jobs, jobs back to responses.
 
-The handlers run on the event loop and never touch a model: they check the body (`schemas`), make the prompt
-(`prompts`, in a worker thread), submit a `Job` to the engine and wait on its events. `POST /v1/completions`
-and `/v1/chat/completions` answer with one JSON body or, with `stream`, server-sent events ending in
-`data: [DONE]` (usage in a last chunk with `stream_options.include_usage`). A client that disconnects cancels
-its job: a stream when its writer is cancelled, a plain request when the handler sees the disconnect
-(polled every `POLL_S`). `GET /v1/models`, `/health`, `/metrics`. Every error is in the OpenAI shape.
+The handlers run on the event loop and never touch a model: they check the key (`security`), the content type and
+the body (`schemas`), hold a place in the waiting queue (429 when full, before any tokenization), make the prompt
+(`prompts`, on the tokenizing thread), submit a `Job` to the engine and wait on its state (`events`).
+`POST /v1/completions` and `/v1/chat/completions` answer with one JSON body or, with `stream`, server-sent
+events ending in `data: [DONE]` (usage in a last chunk with `stream_options.include_usage`); a request of `n`
+choices is n jobs (`choices`), its chunks carrying each choice's `index`. `POST /tokenize` and `/detokenize`
+(`tokenize`) use the tokenizing thread and the event loop's tokenizer copy. A client that
+disconnects cancels its job: a stream when its writer is cancelled or a send misses its deadline (`limits`), a
+plain request when the handler sees the disconnect (polled every `POLL_S`). `GET /v1/models`, `/health` (503
+while draining or once the engine failed), `/metrics`. Every error is in the OpenAI shape.
 """
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
+from assisted_backends.serve.choices import Choice, Choices, choice_seed
 from assisted_backends.serve.engine import Engine, Job
-from assisted_backends.serve.errors import APIError
+from assisted_backends.serve.errors import APIError, engine_error, invalid
+from assisted_backends.serve.events import JobEvents
+from assisted_backends.serve.limits import Limits, deadline_stream, read_body
 from assisted_backends.serve.metrics import Metrics
 from assisted_backends.serve.prompts import PromptMaker
-from assisted_backends.serve.schemas import GenerationRequest, chat_request, completion_request, parse_body
+from assisted_backends.serve.schemas import GenerationRequest, chat_request, completion_request, parse_body, shown
+from assisted_backends.serve.security import Keys, require_json, secure
 from assisted_backends.serve.text import TextTracker
+from assisted_backends.serve.tokenize import detokenize_request, tokenize_request
+from assisted_backends.structured.response_format import ResponseFormatError, SchemaProcessors
 
 POLL_S = 0.25
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize")
 
 
 @dataclass
 class ServerState:
-    """What the routes share: the engine, the prompt maker, the model's id, EOS ids, metrics, the body limit."""
+    """What the routes share: the engine, the prompt maker, the model's id, EOS ids, metrics, the limits on
+    clients, the API keys (None: open) and the origins browsers may call from."""
 
     engine: Engine
     prompts: PromptMaker
     model_name: str
     eos_ids: frozenset[int]
     metrics: Metrics
-    max_body_bytes: int
+    limits: Limits = field(default_factory=Limits)
     created: int = 0
+    keys: Keys | None = None
+    cors_origins: tuple[str, ...] = ()
     server: Any = None  # the uvicorn server, once it runs (its should_exit: draining)
+    tokenizing: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="assisted-tokenize")
+    )  # one thread makes every prompt: its tokenizer copy is its own (`prompts.PerThread`)
 
     @property
     def draining(self) -> bool:
         return bool(self.server is not None and self.server.should_exit)
 
 
-class JobEvents:
-    """A job's events, from the engine thread into this event loop; `next()` gives the newest state."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop, self.queue = loop, asyncio.Queue()
-
-    def deliver(self, kind: str, payload: Any) -> None:  # the engine thread
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, payload))
-
-    async def next(self) -> tuple[str, Any]:
-        """The next event, skipping progress events that a later one replaces."""
-        kind, payload = await self.queue.get()
-        while kind == "progress" and not self.queue.empty():
-            kind, payload = self.queue.get_nowait()
-        return kind, payload
-
-
 def build_app(state: ServerState):
     """The FastAPI application for `state`."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException
 
     app = FastAPI(title="assisted-serve", docs_url=None, redoc_url=None, openapi_url=None)
@@ -73,8 +72,10 @@ def build_app(state: ServerState):
     # objects, and names imported inside this function would not resolve from strings)
 
     def error_response(error: APIError, endpoint: str) -> JSONResponse:
-        state.metrics.requests.labels(endpoint, str(error.status)).inc()
+        state.metrics.requests.labels(endpoint if endpoint in ROUTES else "other", str(error.status)).inc()
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    secure(app, state.keys, list(state.cors_origins), error_response)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError):
@@ -83,14 +84,17 @@ def build_app(state: ServerState):
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, error: HTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
-        message = f"{request.method} {request.url.path}: {error.detail}"
+        message = f"{request.method} {shown(request.url.path)}: {error.detail}"
         return error_response(APIError(error.status_code, message, None, code), "other")
 
     @app.get("/health")
     async def health():
-        body = {"status": "draining" if state.draining else "ok", "slots": state.engine.slots,
-                "busy": state.engine.busy(), "waiting": state.engine.depth()}  # fmt: skip
-        return JSONResponse(body, status_code=503 if state.draining else 200)
+        engine = state.engine
+        status = "failed" if engine.failure is not None else "draining" if state.draining else "ok"
+        body = {"status": status, "slots": engine.slots, "busy": engine.busy(), "waiting": engine.depth()}
+        if engine.failure is not None:
+            body["error"] = engine.failure
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics():
@@ -111,94 +115,143 @@ def build_app(state: ServerState):
     async def chat_completions(request: Request):
         return await serve(request, chat_request, "/v1/chat/completions")
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        require_json(request.headers.get("content-type"))
+        asked = tokenize_request(parse_body(await read_body(request, state.limits)), state.model_name)
+        loop = asyncio.get_running_loop()
+        tokens = await loop.run_in_executor(state.tokenizing, state.prompts.tokenize, asked.text, asked.add_special)
+        state.metrics.requests.labels("/tokenize", "200").inc()
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": state.prompts.context}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        require_json(request.headers.get("content-type"))
+        body = parse_body(await read_body(request, state.limits))
+        tokens = detokenize_request(body, state.model_name, state.prompts.vocab_size)
+        text = state.prompts.tokenizers.get().decode(tokens)
+        state.metrics.requests.labels("/detokenize", "200").inc()
+        return {"content": text, "prompt": text}
+
     async def serve(request: Request, parse, endpoint: str):
-        body = parse_body(await read_body(request, state.max_body_bytes))
+        require_json(request.headers.get("content-type"))
+        body = parse_body(await read_body(request, state.limits))
         generation: GenerationRequest = parse(body)
         if generation.model != state.model_name:
-            raise APIError(404, f"model: {generation.model!r} is not served here; this server serves "
+            raise APIError(404, f"model: {shown(generation.model)!r} is not served here; this server serves "
                            f"{state.model_name!r} (GET /v1/models)", "model", "model_not_found")  # fmt: skip
         if state.draining:
             raise APIError(503, "the server is shutting down and takes no new requests", None, "shutting_down",
                            "server_error")  # fmt: skip
-        prompt = await asyncio.to_thread(state.prompts.token_ids, generation)
-        limit = state.prompts.limit(generation, len(prompt))
-        events = JobEvents(asyncio.get_running_loop())
-        job = Job(prompt, limit, generation.temperature, generation.top_p, generation.seed, events.deliver)
-        state.engine.submit(job)
-        tracker = TextTracker(state.prompts.tokenizer, generation.stop, state.eos_ids, limit)
-        reply = Reply(generation, state.model_name, len(prompt))
+        if generation.n > state.engine.max_waiting:
+            raise invalid("n", f"at most {state.engine.max_waiting} choices (this server's --max-waiting), got "
+                          f"{generation.n}")  # fmt: skip
+        choices, reply = await admit(request, generation)
         if generation.stream:
             state.metrics.requests.labels(endpoint, "200").inc()
-            return StreamingResponse(stream(job, events, tracker, reply), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+            return deadline_stream(stream(choices, reply), state.limits.send_timeout_s,
+                                   media_type="text/event-stream",
+                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
         try:
             checked = time.monotonic()
-            while not tracker.finished:
+            while not choices.finished:
                 try:
-                    kind, payload = await asyncio.wait_for(events.next(), POLL_S)
+                    news = await asyncio.wait_for(choices.wait(), POLL_S)
                 except asyncio.TimeoutError:
-                    kind = None
+                    news = []
                 if time.monotonic() - checked >= POLL_S:  # events may never pause: look at the clock
                     checked = time.monotonic()
                     if await request.is_disconnected():
-                        state.engine.cancel(job)
                         return Response(status_code=499)
-                if kind is None:
-                    continue
-                if kind == "error":
-                    raise APIError(500, payload, None, "engine_error", "server_error")
-                tracker.update(payload, final=kind == "finish")
+                for choice, update in news:
+                    if update.error is not None:
+                        raise engine_error(update.error)
+                    advance(choice, update)
         finally:
+            cancel_unfinished(choices)
+        state.metrics.requests.labels(endpoint, "200").inc()
+        return reply.whole(choices)
+
+    def advance(choice: Choice, update) -> str:
+        """The text `update` adds to `choice`; a choice that ended by a stop string has its row ended."""
+        delta = choice.tracker.update(update.new, update.count, update.final)
+        if choice.tracker.finished and not choice.job.done:
+            state.engine.cancel(choice.job)
+        return delta
+
+    schemas = SchemaProcessors(state.prompts.tokenizers.get, state.eos_ids, state.prompts.vocab_size)
+
+    def response_format(schema: str):
+        """The processor of a request's response_format schema (400 naming the part that cannot be served)."""
+        try:
+            return schemas.get(schema)
+        except ResponseFormatError as error:
+            raise invalid(error.field, str(error)) from None
+
+    def cancel_unfinished(choices: Choices) -> None:
+        for job in choices.jobs:
             if not job.done:
                 state.engine.cancel(job)
-        state.metrics.requests.labels(endpoint, "200").inc()
-        return reply.whole(tracker)
 
-    async def stream(job: Job, events: JobEvents, tracker: TextTracker, reply: Reply):
+    async def admit(request: Request, generation: GenerationRequest) -> tuple[Choices, Reply]:
+        """Places in the waiting queue (429 when full, before any tokenization), the prompt, one job per choice
+        submitted."""
+        engine, count = state.engine, generation.n
+        engine.reserve(count)
+        choices = Choices(asyncio.Event())
+        try:
+            loop = asyncio.get_running_loop()
+            prompt = await loop.run_in_executor(state.tokenizing, state.prompts.token_ids, generation)
+            limit = state.prompts.limit(generation, len(prompt))
+            tenant = getattr(request.state, "tenant", None) if engine.isolated else None
+            penalties = (generation.presence_penalty, generation.frequency_penalty, generation.repetition_penalty)
+            grammar = None
+            if generation.json_schema is not None:  # compiled where prompts are made: its tokenizer copy
+                grammar = await loop.run_in_executor(state.tokenizing, response_format, generation.json_schema)
+            while len(choices.items) < count:
+                index = len(choices.items)
+                events = JobEvents(loop, choices.changed)
+                job = Job(prompt, limit, generation.temperature, generation.top_p,
+                          choice_seed(generation.seed, index), events.deliver, tenant, generation.top_k,
+                          generation.min_p, penalties, grammar)  # fmt: skip
+                tracker = TextTracker(state.prompts.tokenizers.get(), generation.stop, state.eos_ids, limit)
+                choices.items.append(Choice(index, job, events, tracker))
+                engine.submit(job)
+        except BaseException:
+            engine.release(count - len(choices.items))
+            cancel_unfinished(choices)
+            raise
+        return choices, Reply(generation, state.model_name, len(prompt))
+
+    async def stream(choices: Choices, reply: Reply):
         try:
             if reply.request.chat:
-                yield reply.sse(reply.chunk({"role": "assistant", "content": ""}, None))
-            while not tracker.finished:
-                kind, payload = await events.next()
-                if kind == "error":
-                    yield reply.sse(APIError(500, payload, None, "engine_error", "server_error").body())
-                    break
-                delta = tracker.update(payload, final=kind == "finish")
-                if delta:
-                    yield reply.sse(reply.chunk(reply.content(delta), None))
-            if tracker.finished:
-                yield reply.sse(reply.chunk({} if reply.request.chat else "", tracker.finish_reason))
-                if reply.request.include_usage:
-                    yield reply.sse({**reply.head("chunk"), "choices": [], "usage": reply.usage(tracker)})
+                for choice in choices.items:
+                    yield reply.sse(reply.chunk(choice.index, {"role": "assistant", "content": ""}, None))
+            failed = False
+            while not choices.finished and not failed:
+                for choice, update in await choices.wait():
+                    if update.error is not None:
+                        yield reply.sse(engine_error(update.error).body())
+                        failed = True
+                        break
+                    delta = advance(choice, update)
+                    if delta:
+                        yield reply.sse(reply.chunk(choice.index, reply.content(delta), None))
+                    if choice.tracker.finished:
+                        end = {} if reply.request.chat else ""
+                        yield reply.sse(reply.chunk(choice.index, end, choice.tracker.finish_reason))
+            if not failed and reply.request.include_usage:
+                yield reply.sse({**reply.head("chunk"), "choices": [], "usage": reply.usage(choices)})
             yield "data: [DONE]\n\n"
         finally:
-            if not job.done:
-                state.engine.cancel(job)
+            cancel_unfinished(choices)
 
     return app
 
 
-async def read_body(request, limit: int) -> bytes:
-    """The request body, refused with 413 past `limit` bytes (read no further)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(int(declared), limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(size: int, limit: int) -> APIError:
-    return APIError(413, f"the request body is {size} bytes or more, over this server's limit of {limit} bytes "
-                    "(--max-body-mb); send a shorter prompt", None, "request_too_large")  # fmt: skip
-
-
 class Reply:
-    """The response bodies of one request, chat or text completion, whole or in chunks."""
+    """The response bodies of one request, chat or text completion, whole or in chunks, of its choices."""
 
     def __init__(self, request: GenerationRequest, model: str, prompt_tokens: int) -> None:
         self.request, self.model, self.prompt_tokens = request, model, prompt_tokens
@@ -212,28 +265,32 @@ class Reply:
         return {"id": self.id, "object": name, "created": self.created, "model": self.model,
                 "system_fingerprint": None}  # fmt: skip
 
-    def usage(self, tracker: TextTracker) -> dict:
-        completion = tracker.completion_tokens
+    def usage(self, choices: Choices) -> dict:
+        """The prompt counted once, the completion tokens of every choice."""
+        completion = choices.completion_tokens
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                 "total_tokens": self.prompt_tokens + completion}  # fmt: skip
 
     def content(self, text: str):
         return {"content": text} if self.request.chat else text
 
-    def chunk(self, delta, finish_reason: str | None) -> dict:
+    def chunk(self, index: int, delta, finish_reason: str | None) -> dict:
         if self.request.chat:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": delta, "logprobs": None, "finish_reason": finish_reason}
         return {**self.head("chunk"), "choices": [choice]}
 
-    def whole(self, tracker: TextTracker) -> dict:
+    def whole(self, choices: Choices) -> dict:
+        return {**self.head("whole"), "choices": [self._choice(choice) for choice in choices.items],
+                "usage": self.usage(choices)}  # fmt: skip
+
+    def _choice(self, choice: Choice) -> dict:
+        tracker = choice.tracker
         if self.request.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": tracker.sent}, "logprobs": None,
-                      "finish_reason": tracker.finish_reason}  # fmt: skip
-        else:
-            choice = {"index": 0, "text": tracker.sent, "logprobs": None, "finish_reason": tracker.finish_reason}
-        return {**self.head("whole"), "choices": [choice], "usage": self.usage(tracker)}
+            return {"index": choice.index, "message": {"role": "assistant", "content": tracker.sent},
+                    "logprobs": None, "finish_reason": tracker.finish_reason}  # fmt: skip
+        return {"index": choice.index, "text": tracker.sent, "logprobs": None, "finish_reason": tracker.finish_reason}
 
     @staticmethod
     def sse(payload: dict) -> str:

@@ -1,36 +1,38 @@
-"""`assisted-serve` (and `python -m assisted_backends.serve`): flags, loading, and the uvicorn server.
+"""`assisted-serve` (and `python -m assisted_backends.serve`): flags and their checks, then the server.
 
-The model and device flags are `run-assisted-generation`'s own (its parser's "models" and "device and
-precision" groups, and the draft length and schedule), checked by its `validate` and `preflight` and loaded
-by its `open_session`, so `-m` takes a directory, a `.gguf` file or a Hub id, and no `-m` serves the embedded
-demo pair. The server's flags: `--host` (127.0.0.1), `--port` (8000; 0 picks a free one), `--slots`,
-`--max-waiting`, `--context`, `--served-model-name`, `--chat-template`, `--max-body-mb`. Nothing here imports
-torch or fastapi before the flags are checked. SIGTERM (or Ctrl-C): the listening socket closes, requests in
-flight finish, the engine thread ends, exit status 0.
+The model and device flags, the draft length and its schedule are the ones `run-assisted-generation` takes too
+(`startup.flags`), checked the same way (`startup.flags.check_model_flags`, `startup.checks`) and opened the same
+way (`startup.pair`, through `loading.open`), so `-m` takes a directory, a `.gguf` file or a Hub id, and no `-m`
+serves the embedded demo pair. The server's flags: `--host` (127.0.0.1), `--port` (8000; 0 picks a free
+one), `--slots`, `--max-waiting`, `--context`, `--served-model-name`, `--chat-template`, `--max-body-mb`. Nothing
+here imports torch or fastapi before the flags are checked. SIGTERM (or Ctrl-C): the listening socket closes,
+requests in flight finish, the engine thread ends, exit status 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import socket
 import sys
 from pathlib import Path
 
+from assisted_backends.extras import install_hint
+from assisted_backends.serve.protection import add_protection_flags, check_protection
+from assisted_backends.serve.server import DEFAULT_CONTEXT
+from assisted_backends.startup.errors import CLIError
+from assisted_backends.startup.flags import (
+    OneLineParser,
+    add_device_flags,
+    add_draft_length_flags,
+    add_model_flags,
+    check_model_flags,
+    device_names,
+    positive_int,
+)
+
 PROG = "assisted-serve"
-COPIED_GROUPS = ("models", "device and precision")
-COPIED_DECODING = ("num_assistant_tokens", "schedule")
 DEFAULT_SLOTS = 8
-DEFAULT_CONTEXT = 2048
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _port(text: str) -> int:
@@ -43,41 +45,30 @@ def _port(text: str) -> int:
     return value
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """(the server's parser, the generate CLI's parser it copies its model, device and drafting flags from)."""
-    from assisted_backends.cli.args import OneLineParser
-    from assisted_backends.cli.args import build_parser as cli_parser
-    from assisted_backends.cli.main import device_names
-
-    source = cli_parser(device_names())
+def build_parser() -> argparse.ArgumentParser:
+    """The server's flags: the models, device and draft-length flags both command lines take, then its own."""
     parser = OneLineParser(
         prog=PROG,
         description="An OpenAI-compatible server (/v1/completions, /v1/chat/completions, streaming) that batches "
         "requests continuously and speculates; with no -m it serves the embedded demo pair.",
     )
-    for group in source._action_groups:
-        if group.title in COPIED_GROUPS:
-            copy = parser.add_argument_group(group.title)
-            for action in group._group_actions:
-                copy._add_action(action)
-    drafting = parser.add_argument_group("drafting")
-    for action in source._actions:
-        if action.dest in COPIED_DECODING:
-            drafting._add_action(action)
+    add_model_flags(parser)
+    add_device_flags(parser, device_names())
+    add_draft_length_flags(parser.add_argument_group("drafting"))
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine "
                         "only; 0.0.0.0 for every interface)")  # fmt: skip
     server.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0: any free port, printed)")
-    server.add_argument("--slots", type=_positive, default=DEFAULT_SLOTS, metavar="N",
+    server.add_argument("--slots", type=positive_int, default=DEFAULT_SLOTS, metavar="N",
                         help=f"requests generated together in one batch (default {DEFAULT_SLOTS})")  # fmt: skip
     server.add_argument(
         "--max-waiting",
-        type=_positive,
+        type=positive_int,
         default=None,
         metavar="N",
         help="requests that may wait for a slot; more are answered 429 (default 4 x --slots)",
     )
-    server.add_argument("--context", type=_positive, default=None, metavar="TOKENS",
+    server.add_argument("--context", type=positive_int, default=None, metavar="TOKENS",
                         help=f"prompt + completion tokens per request (default: the model's positions, at most "
                         f"{DEFAULT_CONTEXT} when its config states none)")  # fmt: skip
     server.add_argument(
@@ -93,29 +84,33 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="a Jinja chat template for /v1/chat/completions (default: the tokenizer's)",
     )
     server.add_argument(
-        "--max-body-mb", type=_positive, default=32, metavar="MB", help="largest request body accepted (default 32)"
+        "--max-body-mb", type=positive_int, default=32, metavar="MB", help="largest request body accepted (default 32)"
     )
+    server.add_argument("--no-prefix-cache", action="store_true", help="compute every prompt in full (default: keys "
+                        "and values of earlier prompts' prefixes are reused where that is exact: a .gguf target on "
+                        "the native step)")  # fmt: skip
+    server.add_argument("--prefix-cache-mb", type=positive_int, default=512, metavar="MB",
+                        help="prefix cache memory; least recently used blocks go first (default 512)")  # fmt: skip
     server.add_argument(
         "--log-level",
         choices=("critical", "error", "warning", "info", "debug"),
         default="warning",
         help="uvicorn's log level (info: one line per request)",
     )
-    return parser, source
+    add_protection_flags(parser)
+    return parser
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The server's flags over the generate CLI's defaults (so its checks and loading read every attribute)."""
-    parser, source = build_parser()
+    """The server's flags, with the checks argparse cannot make."""
+    parser = build_parser()
     args = parser.parse_args(argv)
-    for name, value in vars(source.parse_args([])).items():
-        if not hasattr(args, name):
-            setattr(args, name, value)
     if args.static_shapes:
         parser.error("--static-shapes: the server's batch grows and shrinks with its requests; drop it")
     if args.chat_template is not None and not Path(args.chat_template).is_file():
         parser.error(f"--chat-template {args.chat_template}: no such file; give a Jinja template file")
     args.max_waiting = args.max_waiting or 4 * args.slots
+    check_protection(parser, args)
     return args
 
 
@@ -143,24 +138,33 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def check(args: argparse.Namespace) -> None:
+    """What can be checked before anything loads: the model flags together, the models' files, the device, the
+    server's packages."""
+    from assisted_backends.options import ranges
+    from assisted_backends.startup.checks import check_drafting_files, read_models
+
+    check_model_flags(args)
+    target = read_models(args)
+    if target is not None:
+        ranges.check_early_exit(args.assistant_early_exit, target.layers)
+    check_drafting_files(args, target)
+    for module in ("fastapi", "uvicorn", "prometheus_client"):
+        if importlib.util.find_spec(module) is None:
+            raise CLIError(f"{PROG} needs {module}: {install_hint('serve')}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    from assisted_backends.cli.args import cli_spelling, validate
-    from assisted_backends.cli.errors import CLIError
-    from assisted_backends.cli.main import _quiet_libraries
-    from assisted_backends.cli.preflight import preflight
-    from assisted_backends.extras import install_hint
     from assisted_backends.loading.files import MissingGGUFError
     from assisted_backends.options.errors import OptionError
+    from assisted_backends.startup.environment import quiet_libraries
+    from assisted_backends.startup.flags import cli_spelling
 
     args = parse_args(argv)
     try:
-        validate(args)
-        preflight(args)
-        for module in ("fastapi", "uvicorn", "prometheus_client"):
-            if __import__("importlib").util.find_spec(module) is None:
-                raise CLIError(f"{PROG} needs {module}: {install_hint('serve')}")
+        check(args)
         sock = listen(args.host, args.port)
-        _quiet_libraries(args)
+        quiet_libraries(args)
         from assisted_backends.serve.server import run
 
         return run(args, sock, model_name(args))

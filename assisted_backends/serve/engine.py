@@ -11,6 +11,14 @@ What one batch cannot mix is served one batch after another, in arrival order: g
 sampled jobs share one when their temperature and top_p are equal (transformers' warpers act on the whole
 batch); a seeded sampled job runs alone, so that its seed reproduces its tokens. A waiting job of another kind
 than the running batch stops further joins, so that the batch drains and the job is next (no starvation).
+
+Suffix decoding's index of earlier requests (`drafters.suffix.SuffixCache`) is filled here, with each finished
+job's prompt and tokens. With `isolated` (API keys set), every tenant (key) has its own index, and jobs of
+different tenants do not share a batch: one client's acceptance rate cannot reveal another's text.
+
+The thread is supervised: a batch that raises fails its own jobs (500) and the engine goes on; anything that
+ends the thread itself fails every job waiting or running, refuses new ones (503), and calls `on_fault`
+(the server then exits with a nonzero status, for its supervisor to restart it).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from assisted_backends.serve.errors import queue_full, shutting_down
+from assisted_backends.serve.errors import engine_failed, queue_full, shutting_down
 from assisted_backends.serve.metrics import Metrics
 
 CALL_REQUESTS = 256  # jobs one call of the loop takes before it drains (bounds its per-row bookkeeping)
@@ -34,8 +42,11 @@ _ids = itertools.count()
 
 @dataclass(eq=False)
 class Job:
-    """One request as the engine sees it. `deliver(kind, payload)` is called from the engine thread:
-    ("progress", tokens so far), ("finish", every token), ("error", message)."""
+    """One request (one choice of it) as the engine sees it. `deliver(kind, payload)` is called from the engine
+    thread: ("progress" | "finish", (start, the tokens from position `start` on)), ("error", message). `tenant`:
+    the client's key, when suffix indexes are kept per key; `top_k`, `min_p`: the batch's warpers with the
+    sampling options; `penalties`: (presence, frequency, repetition), its row's own processors; `grammar`: its
+    response_format's processor (`structured`, copied for its row), after the penalties."""
 
     prompt: list[int]
     max_tokens: int
@@ -43,6 +54,11 @@ class Job:
     top_p: float
     seed: int | None
     deliver: Callable[[str, Any], None]
+    tenant: str | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    penalties: tuple[float, float, float] = (0.0, 0.0, 1.0)
+    grammar: Any = None
     admitted: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     done: bool = False
@@ -52,24 +68,34 @@ class Job:
 
     @property
     def key(self) -> tuple:
-        """Jobs with equal keys may share a batch (see the module docstring)."""
+        """Jobs with equal keys may share a batch (see the module docstring); the tenant first."""
         if self.temperature == 0.0:
-            return ("greedy",)
+            return (self.tenant, "greedy")
         if self.seed is not None:
-            return ("seeded", self.number)
-        return ("sample", self.temperature, self.top_p)
+            return (self.tenant, "seeded", self.number)
+        return (self.tenant, "sample", self.temperature, self.top_p, self.top_k, self.min_p)
 
     def arguments(self) -> dict[str, Any]:
         """The sampling options of the batch this job starts, as `generate` takes them."""
         if self.temperature == 0.0:
             return {"do_sample": False}
         top_p = None if self.top_p == 1.0 else self.top_p
-        return {"do_sample": True, "temperature": self.temperature, "top_p": top_p, "top_k": 0, "seed": self.seed}
+        min_p = self.min_p or None
+        return {"do_sample": True, "temperature": self.temperature, "top_p": top_p, "top_k": self.top_k,
+                "min_p": min_p, "seed": self.seed}  # fmt: skip
+
+    def processors(self) -> list:
+        """The row's own logits processors: its penalties (`options.penalties`), counted after its prompt."""
+        from assisted_backends.options.penalties import penalty_processors
+
+        grammar = [self.grammar] if self.grammar is not None else []
+        return [*penalty_processors(*self.penalties, len(self.prompt)), *grammar]
 
 
 class Engine:
-    """The waiting queue (at most `max_waiting` jobs), the engine thread, and the loop's call options
-    (`arguments`: drafting, schedule, pad id), on `generator` (an `AssistedGenerator`)."""
+    """The waiting queue (at most `max_waiting` jobs, places reserved before a prompt is tokenized included), the
+    engine thread, and the loop's call options (`arguments`: drafting, schedule, pad id), on `generator` (an
+    `AssistedGenerator`); `isolated`: one suffix index per tenant (see the module docstring)."""
 
     def __init__(
         self,
@@ -81,9 +107,15 @@ class Engine:
         metrics: Metrics,
         threads: int | None = None,
         retry_after: int = 1,
+        isolated: bool = False,
     ) -> None:
         self.generator, self.slots, self.max_waiting, self.context = generator, slots, max_waiting, context
         self.arguments, self.metrics, self.threads, self.retry_after = arguments, metrics, threads, retry_after
+        self.indexes = SuffixIndexes(arguments.get("suffix_cache"), isolated)
+        self.isolated = isolated  # jobs carry their tenant: suffix indexes and prefix cache salts per key
+        self.on_fault: Callable[[str], None] | None = None
+        self.failure: str | None = None  # why the thread ended, once it failed
+        self.reserved = 0  # places of the waiting queue held by prompts being tokenized
         self.waiting: deque[Job] = deque()
         self.active: dict[int, Job] = {}  # the running call's jobs by their row index
         self.condition = threading.Condition()
@@ -94,13 +126,32 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
-        """Queue `job`, or refuse it: 503 while shutting down, 429 when the waiting queue is full."""
+    def reserve(self, count: int = 1) -> None:
+        """Hold `count` places in the waiting queue (a request's choices), or refuse: 503 while shutting down or
+        failed, 429 when they do not fit. Called before the prompt is tokenized, so that a full queue costs no
+        tokenization; `submit` or `release` gives each place back."""
         with self.condition:
+            if self.failure is not None:
+                raise engine_failed(self.failure)
             if self.closing:
                 raise shutting_down()
-            if len(self.waiting) >= self.max_waiting:
-                raise queue_full(len(self.waiting), self.retry_after)
+            if len(self.waiting) + self.reserved + count > self.max_waiting:
+                raise queue_full(len(self.waiting) + self.reserved, self.retry_after)
+            self.reserved += count
+
+    def release(self, count: int = 1) -> None:
+        """Give back `count` places `reserve` held, without jobs."""
+        with self.condition:
+            self.reserved -= count
+
+    def submit(self, job: Job) -> None:
+        """Queue `job` in the place `reserve` held (503 if the engine stopped or failed since)."""
+        with self.condition:
+            self.reserved -= 1
+            if self.failure is not None:
+                raise engine_failed(self.failure)
+            if self.closing:
+                raise shutting_down()
             self.waiting.append(job)
             self.metrics.queue_depth.set(len(self.waiting))
             self.metrics.prompt_tokens.inc(len(job.prompt))
@@ -129,6 +180,26 @@ class Engine:
     # the engine thread
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as error:  # noqa: BLE001 - supervision: whatever ended the thread fails its jobs
+            traceback.print_exc(file=sys.stderr)
+            self._fail(f"the engine thread failed: {type(error).__name__}: {error}")
+
+    def _fail(self, message: str) -> None:
+        """Fail every job waiting or running with `message`, refuse new ones, and tell `on_fault`."""
+        with self.condition:
+            self.failure, self.closing = message, True
+            jobs = [*self.waiting, *self.active.values()]
+            self.waiting.clear()
+            self.active.clear()
+        for job in jobs:
+            job.done = True
+            job.deliver("error", message)
+        if self.on_fault is not None:
+            self.on_fault(message)
+
+    def _serve(self) -> None:
         import torch
 
         if self.threads is not None:  # OpenMP's thread count is per thread: set it for this one
@@ -141,9 +212,14 @@ class Engine:
                     self._purge()
                 if not self.waiting:
                     return
-                key = self.waiting[0].key
-                arguments = {**self.arguments, **self.waiting[0].arguments()}
-            self._call(_Call(self, key), arguments)
+                head = self.waiting[0]
+                arguments = {**self.arguments, **head.arguments()}
+                if self.indexes.shared is not None:
+                    arguments["suffix_cache"] = self.indexes.of(head.tenant)
+                prefix = getattr(self.generator, "prefix_cache", None)
+                if prefix is not None and self.isolated:  # a tenant's prefixes are named under its own salt
+                    arguments["prefix_cache"] = prefix.cache.scope(head.tenant or "")
+            self._call(_Call(self, head.key), arguments)
 
     def _call(self, call: _Call, arguments: dict[str, Any]) -> None:
         from assisted_backends.api.queue import generate_live
@@ -152,18 +228,21 @@ class Engine:
         self.metrics.call_started()
         try:
             if call.pending():
-                generate_live(
+                stats = generate_live(
                     self.generator, call, self.slots, self.context, call.finish, call.progress, call.round,
                     **arguments,
                 )  # fmt: skip
+                prefix = getattr(self.generator, "prefix_cache", None)
+                if prefix is not None:
+                    self.metrics.prefix_cache(stats.prefix_reused, prefix.cache)
         except Exception as error:  # noqa: BLE001 - the jobs of the call fail, the server goes on
             traceback.print_exc(file=sys.stderr)
             for job in list(self.active.values()):
                 job.done = True
                 job.deliver("error", f"the engine failed on this batch: {type(error).__name__}: {error}")
-        finally:
-            self.active.clear()
-            self.metrics.slots_busy.set(0)
+        # anything else ends the thread with `active` kept: `_run` fails those jobs with the waiting ones
+        self.active.clear()
+        self.metrics.slots_busy.set(0)
 
     def _purge(self) -> None:
         """Drop waiting jobs whose clients left (the lock is held)."""
@@ -201,7 +280,7 @@ class _Call:
         index, self.taken = self.taken, self.taken + 1
         engine.active[index] = job
         engine.metrics.slots_busy.set(len(engine.active))
-        return index, torch.tensor(job.prompt, dtype=torch.long), job.max_tokens
+        return index, torch.tensor(job.prompt, dtype=torch.long), job.max_tokens, job.processors()
 
     def cancelled(self) -> list[int]:
         ended = []
@@ -215,13 +294,13 @@ class _Call:
         job = self.engine.active.get(index)
         if job is None or job.cancelled:
             return
-        count = tokens.shape[0]
-        if count > job._sent:
-            if job._sent == 0:
+        count, start = tokens.shape[0], job._sent
+        if count > start:
+            if start == 0:
                 self.engine.metrics.ttft.observe(time.monotonic() - job.admitted)
-            self.engine.metrics.tokens(count - job._sent)
+            self.engine.metrics.tokens(count - start)
             job._sent = count
-            job.deliver("progress", tokens.tolist())
+            job.deliver("progress", (start, tokens[start:].tolist()))
 
     def finish(self, index: int, tokens) -> None:
         engine = self.engine
@@ -233,9 +312,42 @@ class _Call:
         count = tokens.shape[0]
         if job._sent == 0 and count:
             engine.metrics.ttft.observe(time.monotonic() - job.admitted)
-        engine.metrics.tokens(count - job._sent)
+        engine.metrics.tokens(max(count - job._sent, 0))
         engine.metrics.duration.observe(time.monotonic() - job.admitted)
-        job.deliver("finish", tokens.tolist())
+        start = min(job._sent, count)
+        job.deliver("finish", (start, tokens[start:].tolist()))
+        engine.indexes.remember(job, tokens)
 
     def round(self, stats) -> None:
         self.engine.metrics.drafting(stats.drafted, stats.accepted)
+
+
+class SuffixIndexes:
+    """Suffix decoding's index of earlier requests (`shared`, None without suffix decoding), or with `isolated`
+    one index per tenant, each bounded to the shared one's token count."""
+
+    def __init__(self, shared: Any, isolated: bool) -> None:
+        self.shared, self.isolated = shared, isolated
+        self.tenants: dict[str | None, Any] = {}
+
+    @property
+    def per_tenant(self) -> bool:
+        """Whether jobs carry their tenant (isolated indexes in use)."""
+        return self.isolated and self.shared is not None
+
+    def of(self, tenant: str | None) -> Any:
+        """The index `tenant`'s jobs draft from and fill."""
+        if not self.per_tenant:
+            return self.shared
+        if tenant not in self.tenants:
+            from assisted_backends.drafters.suffix.cache import SuffixCache
+
+            shared = self.shared
+            self.tenants[tenant] = SuffixCache(shared.max_tokens, shared.segment_tokens, shared.token_trees)
+        return self.tenants[tenant]
+
+    def remember(self, job: Job, tokens) -> None:
+        """Index a finished job's prompt and tokens (in its tenant's index)."""
+        index = self.of(job.tenant)
+        if index is not None:
+            index.add(job.prompt + tokens.tolist())

@@ -37,6 +37,17 @@ def unsupported(param: str, why: str) -> APIError:
     return APIError(400, f"{param} is not supported by this server: {why}", param, "unsupported_parameter")
 
 
+def unsupported_fields(refused: list[tuple[str, str]]) -> APIError:
+    """400 naming every field of a body that this server cannot honour exactly (`refused`: (field, why) pairs)."""
+    if len(refused) == 1:
+        return unsupported(*refused[0])
+    names = ", ".join(name for name, _ in refused)
+    reasons = "; ".join(f"{name}: {why}" for name, why in refused)
+    return APIError(
+        400, f"{names} are not supported by this server ({reasons})", refused[0][0], "unsupported_parameter"
+    )
+
+
 def queue_full(waiting: int, retry_after: int) -> APIError:
     """429 with Retry-After: the waiting queue is at its bound."""
     return APIError(
@@ -51,3 +62,30 @@ def queue_full(waiting: int, retry_after: int) -> APIError:
 
 def shutting_down() -> APIError:
     return APIError(503, "the server is shutting down and takes no new requests", None, "shutting_down", "server_error")
+
+
+def engine_failed(why: str) -> APIError:
+    """503: the engine thread ended on a fault; the server is exiting (its supervisor restarts it)."""
+    return APIError(503, f"{why}; the server is exiting", None, "engine_failed", "server_error")
+
+
+def engine_error(why: str) -> APIError:
+    """500: the engine failed on this request's batch or its thread ended."""
+    return APIError(500, why, None, "engine_error", "server_error")
+
+
+def unauthorized(why: str) -> APIError:
+    """401: no key, or not one of the server's (--api-key / --api-key-file)."""
+    return APIError(401, f"{why}; send the header 'Authorization: Bearer KEY' with a key this server was started "
+                    "with (--api-key, --api-key-file)", None, "invalid_api_key")  # fmt: skip
+
+
+def unsupported_media(content_type: str) -> APIError:
+    """415: a body that is not declared JSON (a browser's cross-site `text/plain` form, for one)."""
+    return APIError(415, f"Content-Type: {content_type[:60] or 'none'}: send the body as application/json", None,
+                    "unsupported_media_type")  # fmt: skip
+
+
+def timed_out(what: str, seconds: float, flag: str) -> APIError:
+    """408: the client took longer than `seconds` to send `what`."""
+    return APIError(408, f"{what} took longer than {seconds:g} s ({flag}); send it at once", None, "request_timeout")

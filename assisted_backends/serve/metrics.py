@@ -2,7 +2,7 @@
 
 Requests by endpoint and status, prompt and generated tokens, output tokens per second over the last
 `WINDOW_S` seconds, drafted and accepted tokens with their ratio α, the waiting queue's depth, the slots and
-those busy, time to first token and request duration.
+those busy, time to first token and request duration; the prefix cache's tokens reused, hit rate and bytes held.
 """
 
 from __future__ import annotations
@@ -38,6 +38,12 @@ class Metrics:
                               registry=registry)  # fmt: skip
         self.duration = Histogram("assisted_request_duration_seconds", "from admission to the last token",
                                   registry=registry)  # fmt: skip
+        self.prefix_reused = Counter("assisted_prefix_reused_tokens", "prompt tokens restored from the prefix cache "
+                                     "instead of computed", registry=registry)  # fmt: skip
+        self.prefix_hit_rate = Gauge("assisted_prefix_hit_rate", "prefix cache: tokens restored / prompt tokens looked "
+                                     "up, since start", registry=registry)  # fmt: skip
+        self.prefix_bytes = Gauge("assisted_prefix_cache_bytes", "bytes of keys and values the prefix cache holds",
+                                  registry=registry)  # fmt: skip
         self.slots.set(slots)
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque()
@@ -70,6 +76,13 @@ class Metrics:
         total = self.drafted._value.get()
         if total:
             self.acceptance.set(self.accepted._value.get() / total)
+
+    def prefix_cache(self, reused: int, cache) -> None:
+        """An engine call restored `reused` prompt tokens from `cache` (an `engine.prefix_cache.PrefixCache`)."""
+        if reused > 0:
+            self.prefix_reused.inc(reused)
+        self.prefix_hit_rate.set(cache.hit_rate)
+        self.prefix_bytes.set(cache.nbytes)
 
     def call_started(self) -> None:
         """An engine call (a run of the batch) starts: its statistics count from zero."""

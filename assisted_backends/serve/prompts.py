@@ -13,14 +13,16 @@ from dataclasses import dataclass
 
 from assisted_backends.serve.errors import APIError, invalid
 from assisted_backends.serve.schemas import GenerationRequest
+from assisted_backends.serve.tokenizers import PerThread
 
 
 @dataclass(frozen=True)
 class PromptMaker:
-    """The tokenizer, an optional chat template overriding its own, the context in tokens, the vocabulary size,
-    and the most characters one token decodes to (`longest_token`), which bounds a prompt's text cheaply."""
+    """The tokenizer (a copy per thread), an optional chat template overriding its own, the context in tokens,
+    the vocabulary size, and the most characters one token decodes to (`longest_token`), which bounds a prompt's
+    text cheaply."""
 
-    tokenizer: object
+    tokenizers: PerThread
     chat_template: str | None
     context: int
     vocab_size: int
@@ -29,11 +31,11 @@ class PromptMaker:
     @classmethod
     def of(cls, tokenizer, chat_template: str | None, context: int, vocab_size: int) -> PromptMaker:
         longest = max((len(token) for token in tokenizer.get_vocab()), default=16)
-        return cls(tokenizer, chat_template, context, vocab_size, max(longest, 16))
+        return cls(PerThread(tokenizer), chat_template, context, vocab_size, max(longest, 16))
 
     @property
     def has_chat_template(self) -> bool:
-        return self.chat_template is not None or bool(getattr(self.tokenizer, "chat_template", None))
+        return self.chat_template is not None or bool(getattr(self.tokenizers.original, "chat_template", None))
 
     def token_ids(self, request: GenerationRequest) -> list[int]:
         """The prompt's token ids, checked against the context and the vocabulary."""
@@ -41,7 +43,7 @@ class PromptMaker:
             param = "messages"
             text = self._render(request)
             self._bound(text, param)
-            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+            ids = self.tokenizers.get()(text, add_special_tokens=False).input_ids
         elif request.token_ids is not None:
             param, ids = "prompt", list(request.token_ids)
             if max(ids) >= self.vocab_size:
@@ -49,7 +51,7 @@ class PromptMaker:
         else:
             param = "prompt"
             self._bound(request.text, param)
-            ids = self.tokenizer(request.text).input_ids
+            ids = self.tokenizers.get()(request.text).input_ids
         if not ids:
             raise invalid(param, "is empty after tokenization: send some text")
         if len(ids) >= self.context:
@@ -57,6 +59,11 @@ class PromptMaker:
                            "tokens, and at least one must be left to generate: shorten it", param,
                            "context_length_exceeded")  # fmt: skip
         return ids
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        """`/tokenize`: the token ids of `text` (with the tokenizer's special tokens when `add_special`)."""
+        self._bound(text, "content")
+        return list(self.tokenizers.get()(text, add_special_tokens=add_special).input_ids)
 
     def limit(self, request: GenerationRequest, prompt_tokens: int) -> int:
         """The request's max_tokens, or what the context leaves; refused when the two do not fit the context."""
@@ -80,7 +87,7 @@ class PromptMaker:
             raise APIError(400, "messages: this model's tokenizer has no chat template; start the server with "
                            "--chat-template FILE or use /v1/completions", "messages", "no_chat_template")  # fmt: skip
         try:
-            return self.tokenizer.apply_chat_template(
+            return self.tokenizers.get().apply_chat_template(
                 list(request.messages), tokenize=False, add_generation_prompt=True, chat_template=self.chat_template
             )
         except Exception as error:  # noqa: BLE001 - a template may raise on the order of roles

@@ -1,32 +1,42 @@
 """The OpenAI request bodies, checked field by field: `/v1/completions` and `/v1/chat/completions`.
 
 A body is a JSON object; each field has its type and range, and a refusal names the field (`errors.invalid`).
-Fields that would change the text in a way this server does not honour exactly are refused by name
-(`errors.unsupported`): `n` > 1, non-zero `frequency_penalty` / `presence_penalty` (OpenAI's additive penalties
-have no exact counterpart among transformers' processors), `logprobs`, `logit_bias`, `tools`, `response_format`
-other than text, `echo`, `best_of` > 1, `suffix`. Fields without effect on the tokens (`user`, `metadata`,
-`store`, `service_tier`) are accepted and ignored; any other field is refused as unknown.
+Served besides OpenAI's sampling fields: `n` choices, `presence_penalty` / `frequency_penalty` (OpenAI's, exact:
+`options.penalties`), and the vendor extras llama-server and vLLM take, `top_k`, `min_p`, `repetition_penalty`.
+Fields that would change the text in a way this server does not honour exactly are refused by name, all of them
+in one 400 (`errors.unsupported_fields`): `logprobs`, `top_logprobs`, `logit_bias`, `tools`, `echo`, `best_of` > 1,
+`suffix`. Chat's `response_format` (text, json_object, json_schema) is served through `structured` (exact with
+speculation). Fields without effect on the tokens (`user`, `metadata`, `store`, `service_tier`,
+`parallel_tool_calls`) are accepted and ignored; any other field is refused as unknown.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
+from json.decoder import WHITESPACE, scanstring
 from typing import Any
 
-from assisted_backends.serve.errors import APIError, invalid, unsupported
+from assisted_backends.serve.errors import APIError, invalid, unsupported, unsupported_fields
 
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
 COMMON = frozenset({
     "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
-    "frequency_penalty", "presence_penalty", "logprobs", "logit_bias",
+    "frequency_penalty", "presence_penalty", "logprobs", "logit_bias", "top_k", "min_p", "repetition_penalty",
 })  # fmt: skip
 TEXT_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "response_format"}
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
 MAX_TEMPERATURE = 2.0
+MAX_DIGITS = 20  # an integer of more digits is no count, token id or seed
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # the seeds torch takes
+SHOWN_CHARS = 60  # of a client's value quoted in a message
+MAX_CHOICES = 16  # n
+MAX_REPETITION_PENALTY = 10.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,13 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    n: int = 1
+    top_k: int = 0  # 0: every token (vLLM's -1 too)
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    json_schema: str | None = None  # response_format's JSON Schema text (`structured.response_format`); None: text
 
     @property
     def greedy(self) -> bool:
@@ -53,33 +70,93 @@ class GenerationRequest:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 saying why not."""
+    """The body as a JSON object, or a 400 saying why not (naming the top-level field that cannot be read)."""
     try:
-        body = json.loads(raw)
+        text = raw.decode(json.detect_encoding(raw))
+        body = _DECODER.decode(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise APIError(400, f"the request body is not valid JSON ({error}); send a JSON object", None,
                        "invalid_json") from None  # fmt: skip
+    except RecursionError:
+        field = _unreadable_field(text)
+        if field is None:
+            raise APIError(400, f"the request body nests arrays or objects deeper than {sys.getrecursionlimit()} "
+                           "levels; send a JSON object of flat fields", None, "invalid_json") from None  # fmt: skip
+        raise invalid(shown(field), "nests arrays or objects too deeply; send a flat value") from None
     if not isinstance(body, dict):
-        raise APIError(400, f"the request body must be a JSON object, got {_kind(body)}", None, "invalid_json")
+        raise APIError(400, f"the request body must be a JSON object, got {kind_of(body)}", None, "invalid_json")
     return body
 
 
-def _kind(value: Any) -> str:
+class LongInteger:
+    """A JSON integer of more than `MAX_DIGITS` digits, kept as its length: no field takes one, and converting it
+    would cost time quadratic in its digits (Python refuses past 4,300 of them)."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _integer_literal(text: str) -> int | LongInteger:
+    return int(text) if len(text.lstrip("-")) <= MAX_DIGITS else LongInteger(len(text.lstrip("-")))
+
+
+_DECODER = json.JSONDecoder(parse_int=_integer_literal)
+
+
+def _unreadable_field(text: str) -> str | None:
+    """The top-level key whose value the decoder cannot read (nested too deeply), or None."""
+    index = _space(text, 0)
+    if text[index : index + 1] != "{":
+        return None
+    index += 1
+    while True:
+        index = _space(text, index)
+        if text[index : index + 1] != '"':
+            return None
+        key, index = scanstring(text, index + 1)
+        index = _space(text, index)
+        if text[index : index + 1] != ":":
+            return None
+        try:
+            _, index = _DECODER.raw_decode(text, _space(text, index + 1))
+        except (RecursionError, ValueError):
+            return key
+        index = _space(text, index)
+        if text[index : index + 1] != ",":
+            return None
+        index += 1
+
+
+def _space(text: str, index: int) -> int:
+    return WHITESPACE.match(text, index).end()
+
+
+def shown(value: Any) -> str:
+    """`value` for a message: its repr, cut to `SHOWN_CHARS` characters."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def kind_of(value: Any) -> str:
+    if isinstance(value, LongInteger):
+        return f"an integer of {value.digits} digits (at most {MAX_DIGITS} are read)"
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
              dict: "an object", type(None): "null"}  # fmt: skip
     return names.get(type(value), type(value).__name__)
 
 
-def _integer(body: dict, name: str, minimum: int | None = None) -> int | None:
+def _integer(body: dict, name: str, minimum: int | None = None, maximum: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(name, f"expected an integer, got {_kind(value)}", "invalid_type")
+        raise invalid(name, f"expected an integer, got {kind_of(value)}", "invalid_type")
     if minimum is not None and value < minimum:
         raise invalid(name, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise invalid(name, f"must be <= {maximum}, got {value}")
     return value
 
 
@@ -88,19 +165,19 @@ def _number(body: dict, name: str, low: float, high: float, default: float, open
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise invalid(name, f"expected a number, got {_kind(value)}", "invalid_type")
+        raise invalid(name, f"expected a number, got {kind_of(value)}", "invalid_type")
     if value > high or value < low or (open_low and value == low):
         interval = f"({low}, {high}]" if open_low else f"[{low}, {high}]"
         raise invalid(name, f"must be in {interval}, got {value}")
     return float(value)
 
 
-def _boolean(body: dict, name: str) -> bool:
+def boolean_field(body: dict, name: str) -> bool:
     value = body.get(name, False)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise invalid(name, f"expected a boolean, got {_kind(value)}", "invalid_type")
+        raise invalid(name, f"expected a boolean, got {kind_of(value)}", "invalid_type")
     return value
 
 
@@ -110,42 +187,40 @@ def _stops(body: dict) -> tuple[str, ...]:
         return ()
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid("stop", f"expected a string or an array of strings, got {_kind(value)}", "invalid_type")
+        raise invalid("stop", f"expected a string or an array of strings, got {kind_of(value)}", "invalid_type")
     if len(stops) > MAX_STOPS:
         raise invalid("stop", f"at most {MAX_STOPS} stop strings, got {len(stops)}")
     if any(not s for s in stops):
         raise invalid("stop", "stop strings must not be empty")
+    if max(len(s) for s in stops) > MAX_STOP_CHARS:
+        raise invalid("stop", f"stop strings of at most {MAX_STOP_CHARS} characters, got one of "
+                      f"{max(len(s) for s in stops)}")  # fmt: skip
     return tuple(stops)
 
 
 def _refuse_unsupported(body: dict, known: frozenset[str]) -> None:
     for name in body:
         if name not in known and name not in IGNORED:
-            raise APIError(400, f"unrecognized request argument supplied: {name}; remove it", name, "unknown_parameter")
-    n = _integer(body, "n", minimum=1)
-    if n not in (None, 1):
-        raise unsupported("n", f"one choice per request (n = 1), got {n}; send {n} requests instead")
-    for name in ("frequency_penalty", "presence_penalty"):
-        value = _number(body, name, -2.0, 2.0, 0.0)
-        if value != 0.0:
-            raise unsupported(name, "OpenAI's additive penalty has no exact counterpart here; send 0 or omit it")
-    if body.get("logprobs") not in (None, False, 0):
-        raise unsupported("logprobs", "log probabilities are not returned; omit it")
-    if body.get("top_logprobs") not in (None, 0):
-        raise unsupported("top_logprobs", "log probabilities are not returned; omit it")
-    if body.get("logit_bias") not in (None, {}):
-        raise unsupported("logit_bias", "biased logits are not served; omit it")
-    if body.get("tools") not in (None, []) or body.get("tool_choice") not in (None, "none", "auto"):
-        raise unsupported("tools", "tool calls are not parsed by this server; describe the tools in the messages")
-    response_format = body.get("response_format")
-    if response_format not in (None, {"type": "text"}):
-        raise unsupported("response_format", "only plain text ({'type': 'text'}) is served")
-    if body.get("echo") not in (None, False):
-        raise unsupported("echo", "the prompt is not echoed back; omit it")
-    if body.get("best_of") not in (None, 1):
-        raise unsupported("best_of", "one candidate per request (best_of = 1)")
-    if body.get("suffix") not in (None, ""):
-        raise unsupported("suffix", "insertion (fill-in-the-middle) is not served")
+            field = shown(name)
+            raise APIError(400, f"unrecognized request argument supplied: {field}; remove it", field,
+                           "unknown_parameter")  # fmt: skip
+    refused = [(name, why) for name, why in _unsupported(body) if why]
+    if refused:
+        raise unsupported_fields(refused)
+
+
+def _unsupported(body: dict) -> list[tuple[str, str | bool]]:
+    """(field, why it is refused, or False when its value is served) for each field served only in part."""
+    tools = body.get("tools") not in (None, []) or body.get("tool_choice") not in (None, "none", "auto")
+    return [
+        ("logprobs", body.get("logprobs") not in (None, False, 0) and "log probabilities are not returned; omit it"),
+        ("top_logprobs", body.get("top_logprobs") not in (None, 0) and "log probabilities are not returned"),
+        ("logit_bias", body.get("logit_bias") not in (None, {}) and "biased logits are not served; omit it"),
+        ("tools", tools and "tool calls are not parsed by this server; describe the tools in the messages"),
+        ("echo", body.get("echo") not in (None, False) and "the prompt is not echoed back; omit it"),
+        ("best_of", body.get("best_of") not in (None, 1) and "one candidate per request (best_of = 1); use n"),
+        ("suffix", body.get("suffix") not in (None, "") and "insertion (fill-in-the-middle) is not served"),
+    ]  # fmt: skip
 
 
 def _model(body: dict) -> str:
@@ -155,7 +230,7 @@ def _model(body: dict) -> str:
             "model", "required: the served model's id (GET /v1/models lists it)", "missing_required_parameter"
         )
     if not isinstance(model, str):
-        raise invalid("model", f"expected a string, got {_kind(model)}", "invalid_type")
+        raise invalid("model", f"expected a string, got {kind_of(model)}", "invalid_type")
     return model
 
 
@@ -167,11 +242,11 @@ def _stream_options(body: dict, stream: bool) -> bool:
         raise invalid("stream_options", "only allowed when stream is true")
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
         raise invalid("stream_options", "expected an object with include_usage (a boolean)", "invalid_type")
-    return _boolean(options, "include_usage")
+    return boolean_field(options, "include_usage")
 
 
 def _shared(body: dict, chat: bool) -> dict[str, Any]:
-    stream = _boolean(body, "stream")
+    stream = boolean_field(body, "stream")
     limit = _integer(body, "max_tokens", minimum=1)
     if chat:
         completion = _integer(body, "max_completion_tokens", minimum=1)
@@ -183,10 +258,16 @@ def _shared(body: dict, chat: bool) -> dict[str, Any]:
         max_tokens=limit,
         temperature=_number(body, "temperature", 0.0, MAX_TEMPERATURE, 1.0),
         top_p=_number(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
-        seed=_integer(body, "seed"),
+        seed=_integer(body, "seed", *SEED_RANGE),
         stop=_stops(body),
         stream=stream,
         include_usage=_stream_options(body, stream),
+        n=_integer(body, "n", 1, MAX_CHOICES) or 1,
+        top_k=max(_integer(body, "top_k", minimum=-1) or 0, 0),
+        min_p=_number(body, "min_p", 0.0, 1.0, 0.0),
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        repetition_penalty=_number(body, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY, 1.0, open_low=True),
     )
 
 
@@ -204,7 +285,7 @@ def _prompt(value: Any) -> tuple[str | None, tuple[int, ...] | None]:
         return None, tuple(value)
     if isinstance(value, list) and len(value) > 1 and all(isinstance(v, (str, list)) for v in value):
         raise unsupported("prompt", f"one prompt per request, got {len(value)}; send one request per prompt")
-    raise invalid("prompt", f"expected a string or an array of token ids, got {_kind(value)}", "invalid_type")
+    raise invalid("prompt", f"expected a string or an array of token ids, got {kind_of(value)}", "invalid_type")
 
 
 def _content(message: dict, index: int) -> str:
@@ -218,7 +299,7 @@ def _content(message: dict, index: int) -> str:
                 raise unsupported(f"messages[{index}].content", "only text parts ({'type': 'text', 'text': ...})")
             parts.append(part["text"])
         return "".join(parts)
-    raise invalid(f"messages[{index}].content", f"expected a string or an array of text parts, got {_kind(content)}",
+    raise invalid(f"messages[{index}].content", f"expected a string or an array of text parts, got {kind_of(content)}",
                   "invalid_type")  # fmt: skip
 
 
@@ -226,16 +307,16 @@ def _messages(value: Any) -> tuple[dict, ...]:
     if value is None:
         raise invalid("messages", "required: an array of {role, content} objects", "missing_required_parameter")
     if not isinstance(value, list) or not value:
-        raise invalid("messages", f"expected a non-empty array of messages, got {_kind(value)}", "invalid_type")
+        raise invalid("messages", f"expected a non-empty array of messages, got {kind_of(value)}", "invalid_type")
     messages = []
     for index, message in enumerate(value):
         if not isinstance(message, dict):
-            raise invalid(f"messages[{index}]", f"expected an object, got {_kind(message)}", "invalid_type")
+            raise invalid(f"messages[{index}]", f"expected an object, got {kind_of(message)}", "invalid_type")
         role = message.get("role")
         if role not in ROLES:
-            raise invalid(f"messages[{index}].role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+            raise invalid(f"messages[{index}].role", f"must be one of {', '.join(ROLES)}, got {shown(role)}")
         if set(message) - {"role", "content", "name"}:
-            extra = sorted(set(message) - {"role", "content", "name"})[0]
+            extra = shown(sorted(set(message) - {"role", "content", "name"})[0])
             raise unsupported(f"messages[{index}].{extra}", "only role, content and name are served")
         messages.append({"role": "system" if role == "developer" else role, "content": _content(message, index)})
     return tuple(messages)
@@ -253,4 +334,15 @@ def completion_request(body: dict[str, Any]) -> GenerationRequest:
 def chat_request(body: dict[str, Any]) -> GenerationRequest:
     """A `/v1/chat/completions` body, checked."""
     _refuse_unsupported(body, CHAT_FIELDS)
-    return GenerationRequest(chat=True, messages=_messages(body.get("messages")), **_shared(body, chat=True))
+    return GenerationRequest(chat=True, messages=_messages(body.get("messages")), **_shared(body, chat=True),
+                             json_schema=_json_schema(body.get("response_format")))  # fmt: skip
+
+
+def _json_schema(value: Any) -> str | None:
+    """`response_format` as the JSON Schema text it asks for (`structured.response_format`), None for text."""
+    from assisted_backends.structured.response_format import ResponseFormatError, schema_text
+
+    try:
+        return schema_text(value)
+    except ResponseFormatError as error:
+        raise invalid(error.field, str(error), "invalid_value") from None

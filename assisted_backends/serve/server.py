@@ -1,19 +1,21 @@
-"""Loading and running: the CLI's session (models, tokenizer, backend, threads), the engine, uvicorn.
+"""Loading and running: the models the flags name (`startup.pair`: opened through `loading.open`, on a backend,
+with the thread count chosen), the engine, uvicorn.
 
-`run` opens the session as `run-assisted-generation` does, builds an `AssistedGenerator` on its models (read
-once), starts the engine thread and serves the app on the socket `cli.listen` bound. uvicorn owns SIGTERM and
+`run` opens the pair as `run-assisted-generation` does, builds an `AssistedGenerator` on its models (read once),
+starts the engine thread and serves the app on the socket `cli.listen` bound. uvicorn owns SIGTERM and
 SIGINT: it stops accepting connections, lets requests in flight finish, then the app's lifespan ends the engine.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
 import socket
 import sys
 import time
-from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
+
+DEFAULT_CONTEXT = 2048  # tokens per request when the model's config states no positions
 
 
 def eos_ids(model, tokenizer) -> frozenset[int]:
@@ -28,8 +30,6 @@ def eos_ids(model, tokenizer) -> frozenset[int]:
 
 def context_of(args: argparse.Namespace, facts) -> int:
     """--context, else the model's positions (a default when its config states none); never past the positions."""
-    from assisted_backends.serve.cli import DEFAULT_CONTEXT
-
     limit = facts.max_positions
     if args.context is None:
         return limit if limit is not None else DEFAULT_CONTEXT
@@ -38,79 +38,87 @@ def context_of(args: argparse.Namespace, facts) -> int:
     return args.context
 
 
+def drafter_of(assisted: bool, arguments: dict, assistant_model) -> str:
+    """The drafter the engine runs, for the startup line."""
+    if not assisted:
+        return "none (--no-assisted)"
+    named = [f"{key}={arguments[key]}" for key in ("prompt_lookup_num_tokens", "assistant_early_exit")
+             if key in arguments]  # fmt: skip
+    if named:
+        return ", ".join(named)
+    if assistant_model is not None:
+        from assisted_backends.drafters.eagle.build import is_eagle_head
+
+        return "an EAGLE-3 head" if is_eagle_head(assistant_model) else "a draft model"
+    if arguments.get("suffix_cache") is not None:
+        return "suffix decoding (an index of earlier requests)"
+    return "the model's own"
+
+
+def prefix_cache_of(args: argparse.Namespace, target) -> Any:
+    """The server's prefix cache (`--prefix-cache-mb`): on where reuse is exact (`api.prefix`), off with
+    `--no-prefix-cache` (False) or elsewhere (None: the default, off there)."""
+    from assisted_backends.api.prefix import exact_reuse
+    from assisted_backends.engine.prefix_cache import PrefixCache
+
+    if args.no_prefix_cache:
+        return False
+    return PrefixCache(max_bytes=args.prefix_cache_mb << 20) if exact_reuse(target) else None
+
+
 def build_state(args: argparse.Namespace, name: str):
-    """(the app's state, a one-line description): the session loaded, the generator, the engine (not started)."""
+    """(the app's state, a one-line description): the pair opened, the generator, the engine (not started)."""
     from assisted_backends.api.generation import AssistedGenerator
-    from assisted_backends.cli.session import open_session
     from assisted_backends.serve.app import ServerState
     from assisted_backends.serve.engine import Engine
     from assisted_backends.serve.metrics import Metrics
     from assisted_backends.serve.prompts import PromptMaker
+    from assisted_backends.serve.protection import limits_of
+    from assisted_backends.serve.security import Keys
+    from assisted_backends.startup.pair import open_pair
 
-    session = open_session(args)
-    drafting = session.drafting_arguments() if session.assisted else {}
+    pair = open_pair(args)
+    drafting = pair.drafting_arguments() if pair.assisted else {}
     models = {key: drafting.pop(key, None) for key in ("assistant_model", "tokenizer", "assistant_tokenizer")}
     generator = AssistedGenerator(
-        session.target,
+        pair.target,
         models["assistant_model"],
         tokenizer=models["tokenizer"],
         assistant_tokenizer=models["assistant_tokenizer"],
-        backend=session.backend,
+        backend=pair.backend,
+        prefix_cache=prefix_cache_of(args, pair.target),
     )
     context = context_of(args, generator.facts)
     arguments = {key: value for key, value in drafting.items() if value is not None}
-    arguments.update(pad_token_id=session.pad_id(), repetition_penalty=1.0)
+    arguments.update(pad_token_id=pair.pad_id(), repetition_penalty=1.0)
     if args.num_assistant_tokens is not None:
         arguments["num_assistant_tokens"] = args.num_assistant_tokens
     if args.schedule is not None:
         arguments["schedule"] = args.schedule
     metrics = Metrics(args.slots)
-    threads = session.threads.threads if session.threads is not None else None
-    engine = Engine(generator, args.slots, args.max_waiting, context, arguments, metrics, threads)
+    threads = pair.threads.threads if pair.threads is not None else None
+    engine = Engine(generator, args.slots, args.max_waiting, context, arguments, metrics, threads,
+                    isolated=bool(args.api_keys))  # fmt: skip
     template = Path(args.chat_template).read_text(encoding="utf-8") if args.chat_template else None
     vocab = generator.model.get_input_embeddings().num_embeddings
-    prompts = PromptMaker.of(session.tokenizer, template, context, vocab)
-    state = ServerState(engine, prompts, name, eos_ids(session.target, session.tokenizer), metrics,
-                        args.max_body_mb * 1024 * 1024, int(time.time()))  # fmt: skip
-    for notice in session.notices:
+    prompts = PromptMaker.of(pair.tokenizer, template, context, vocab)
+    state = ServerState(engine, prompts, name, eos_ids(pair.target, pair.tokenizer), metrics, limits_of(args),
+                        int(time.time()), Keys.of(args.api_keys) if args.api_keys else None,
+                        tuple(args.cors_origins or ()))  # fmt: skip
+    for notice in pair.notices:
         print(notice, file=sys.stderr)
-    drafter = "none (--no-assisted)" if not session.assisted else (
-        ", ".join(f"{k}={v}" for k, v in arguments.items() if k in ("prompt_lookup_num_tokens", "assistant_early_exit"))
-        or ("a draft model" if models["assistant_model"] is not None else "the model's own"))  # fmt: skip
-    line = (f"{session.summary()}; {args.slots} slots, {args.max_waiting} may wait, context {context} tokens, "
+    drafter = drafter_of(pair.assisted, arguments, models["assistant_model"])
+    line = (f"{pair.summary()}; {args.slots} slots, {args.max_waiting} may wait, context {context} tokens, "
             f"drafting: {drafter}")  # fmt: skip
     return state, line
 
 
 def run(args: argparse.Namespace, sock: socket.socket, name: str) -> int:
-    """Serve until SIGTERM / SIGINT; 0 once every request in flight has finished."""
-    import uvicorn
-
-    from assisted_backends.serve.app import build_app
+    """Serve until SIGTERM / SIGINT (0 once every request in flight has finished) or an engine fault (nonzero):
+    `runner.serve`."""
+    from assisted_backends.serve.runner import serve
 
     state, line = build_state(args, name)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        state.engine.start()
-        try:
-            yield
-        finally:
-            state.engine.stop()
-
-    app = build_app(state)
-    app.router.lifespan_context = lifespan
-    config = uvicorn.Config(
-        app, log_level=args.log_level, lifespan="on", access_log=args.log_level in ("info", "debug")
-    )
-    server = uvicorn.Server(config)
-    state.server = server
     host, port = sock.getsockname()[:2]
-    print(line, file=sys.stderr)
-    print(f"{name} served at http://{host}:{port}/v1 (OpenAI API; GET /health, /metrics)", file=sys.stderr, flush=True)
-    # uvicorn raises the signal it caught again once it has drained, to the handler found when it started: this
-    # one, so that a SIGTERM that drained cleanly ends the process with status 0
-    signal.signal(signal.SIGTERM, lambda number, frame: None)
-    server.run(sockets=[sock])
-    print("stopped: every request in flight finished", file=sys.stderr, flush=True)
-    return 0
+    return serve(state, sock, args.log_level,
+                 [line, f"{name} served at http://{host}:{port}/v1 (OpenAI API; GET /health, /metrics)"])  # fmt: skip

@@ -69,7 +69,7 @@ def test_live_rows_on_the_gpu_equal_generate_alone():
         def take(self):
             i = state["taken"]
             state["taken"] += 1
-            return i, torch.tensor(prompts[i]), NEW
+            return i, torch.tensor(prompts[i]), NEW, []
 
         def cancelled(self) -> list[int]:
             return []

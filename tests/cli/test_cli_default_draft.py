@@ -17,10 +17,10 @@ import time
 from cli_fixtures import claiming_7b, run_main
 from transformers import AutoModelForCausalLM
 
-from assisted_backends.cli.loading import default_drafting
 from assisted_backends.cli.main import main
-from assisted_backends.cli.model_files import estimate_parameters, locate
 from assisted_backends.demo.pair import shipped_pair
+from assisted_backends.startup.default_draft import default_drafting
+from assisted_backends.startup.model_files import estimate_parameters, locate
 
 DRAFT = "PY007/TinyLlama-1.1B-intermediate-step-715k-1.5T"
 LARGER = f"is not larger than its family's usual draft {DRAFT} (1.1B)"
@@ -45,7 +45,7 @@ def test_a_target_smaller_than_its_familys_draft_drafts_by_suffix_decided_in_und
     parameters = sum(p.numel() for p in tiny_llama[1].parameters())
     began = time.perf_counter()
     files = locate(str(target_gguf), "-m/--model")
-    chosen = default_drafting(str(target_gguf), files.config["model_type"], files.parameters)
+    chosen = default_drafting(files.config["model_type"], files.parameters)
     elapsed = time.perf_counter() - began
     assert files.parameters == parameters  # counted from the tensor table
     assert chosen.draft is None and LARGER in chosen.reason
@@ -59,7 +59,7 @@ def test_a_target_smaller_than_its_familys_draft_drafts_by_suffix_decided_in_und
 
 def test_the_decision_needs_no_torch(target_gguf):
     code = ("import sys; from assisted_backends.cli.args import build_parser, validate; "
-            "from assisted_backends.cli.main import device_names; from assisted_backends.cli.preflight import "
+            "from assisted_backends.startup.flags import device_names; from assisted_backends.cli.preflight import "
             f"preflight; args = build_parser(device_names()).parse_args(['-m', {str(target_gguf)!r}]); "
             "validate(args); preflight(args); print(args.default_drafting.draft, 'torch' in sys.modules); "
             "print(args.default_drafting.note())")  # fmt: skip
@@ -87,7 +87,7 @@ def test_missing_default_draft_gives_suffix_decoding_at_once_without_network(sav
     try:
         target = str(claiming_7b(saved_pair / "target"))
         code = ("from assisted_backends.cli.args import build_parser, validate; "
-                "from assisted_backends.cli.main import device_names; from assisted_backends.cli.preflight import "
+                "from assisted_backends.startup.flags import device_names; from assisted_backends.cli.preflight import "
                 f"preflight; args = build_parser(device_names()).parse_args(['-m', {target!r}]); validate(args); "
                 "preflight(args); print(args.default_drafting.draft); print(args.default_drafting.note())")  # fmt: skip
         env = {**os.environ, "HF_HUB_OFFLINE": "", "HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf")}

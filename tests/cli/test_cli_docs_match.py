@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from assisted_backends.cli.args import build_parser
-from assisted_backends.cli.main import device_names
+from assisted_backends.startup.flags import device_names
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
 PARSER = build_parser(device_names())

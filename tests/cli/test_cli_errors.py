@@ -24,12 +24,12 @@ from cli_fixtures import (
 from tiny_models import tiny_model
 
 import assisted_backends
-from assisted_backends.cli import machine
-from assisted_backends.cli.args import cli_spelling
 from assisted_backends.cli.main import main
 from assisted_backends.extras import install_hint
 from assisted_backends.loading import files
 from assisted_backends.options.errors import OptionError
+from assisted_backends.startup import machine
+from assisted_backends.startup.flags import cli_spelling
 from assisted_backends.train_draft.cli import main as train_draft_main
 
 PRE_TORCH_LIMIT_S = 1.0  # a check that needs no model answers within this
@@ -124,8 +124,8 @@ def test_missing_model_directory(tmp_path, capsys):
 
 
 def test_an_unresolvable_hub_host_turns_the_hub_off(monkeypatch, tmp_path):
-    from assisted_backends.cli import model_files
-    from assisted_backends.cli.errors import CLIError
+    from assisted_backends.startup import model_files
+    from assisted_backends.startup.errors import CLIError
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")

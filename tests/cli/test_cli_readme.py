@@ -24,7 +24,7 @@ def test_help_and_readme_state_the_adaptive_cap_the_code_uses():
 
 def test_smoke_pair_says_what_it_is_and_retraining_time_agrees_with_the_readme():
     """(test_cli.py's console-script demo run checks the smoke pair's notice on a real run.)"""
-    from assisted_backends.cli.session import SMOKE_NOTICE
+    from assisted_backends.startup.choice import SMOKE_NOTICE
 
     assert "SMOKE" in SMOKE_NOTICE and "standard library" not in SMOKE_NOTICE
     help_minutes = re.search(r"about (\d+)\s+minutes", " ".join(run_cli("--help").stdout.split())).group(1)

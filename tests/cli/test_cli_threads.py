@@ -17,7 +17,7 @@ from cli_fixtures import CPUS, cli_env, pair_args, run_cli
 
 from assisted_backends.backends.cpu import affinity
 from assisted_backends.cli.main import main
-from assisted_backends.cli.threads import set_wait_policy
+from assisted_backends.startup.threads import set_wait_policy
 
 
 def test_threads_flag_sets_torch_threads_and_rounds_are_reported_apart(saved_pair, tmp_path):
@@ -115,7 +115,7 @@ def test_probe_picks_the_faster_count_and_prefers_fewer_threads(ms_at, chosen):
 PROBE_UNDER_A_BUSY_SIBLING = """
 import json, statistics, time, torch
 from transformers import AutoModelForCausalLM
-from assisted_backends.cli import threads
+from assisted_backends.startup import threads
 from assisted_backends.demo.pair import shipped_pair
 
 model = AutoModelForCausalLM.from_pretrained(shipped_pair().target_dir).float().eval()
@@ -172,8 +172,8 @@ def test_cli_probes_the_threads_when_nobody_fixed_them(saved_pair, tmp_path):
 
 
 def test_benchmark_rechecks_the_threads_between_cases(saved_pair, tmp_path, monkeypatch, capsys):
-    from assisted_backends.cli import session as session_module
-    from assisted_backends.cli.threads import ThreadChoice
+    from assisted_backends.startup import pair as pair_module
+    from assisted_backends.startup.threads import ThreadChoice
 
     picks = iter([2, 1, 1, 2, 1, 1])  # open: 2; case 2: 1 confirmed by 1; case 3: 2 then 1 (no change)
 
@@ -182,8 +182,8 @@ def test_benchmark_rechecks_the_threads_between_cases(saved_pair, tmp_path, monk
         torch.set_num_threads(threads)
         return ThreadChoice(threads, "probe", f"fake probe: {threads}")
 
-    monkeypatch.setattr(session_module, "probe", fake_probe)
-    monkeypatch.setattr(session_module.affinity, "usable_cores", lambda *a, **k: 2)
+    monkeypatch.setattr(pair_module, "probe", fake_probe)
+    monkeypatch.setattr(pair_module.affinity, "usable_cores", lambda *a, **k: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     threads = torch.get_num_threads()
     out = tmp_path / "bench.json"

@@ -105,10 +105,10 @@ def test_drafts_are_what_training_time_test_predicts(monkeypatch):
     proposals: list[tuple[int, list[int]]] = []
     original = EagleDrafter.propose
 
-    def recording(self, buffer, gamma, selector, generator):
-        length = buffer.length
-        proposal = original(self, buffer, gamma, selector, generator)
-        proposals.append((length, buffer.ids[0, length : length + gamma].tolist()))
+    def recording(self, slots, gamma, selector, generator):
+        length = slots.length
+        proposal = original(self, slots, gamma, selector, generator)
+        proposals.append((length, slots.ids[0, length : length + gamma].tolist()))
         return proposal
 
     monkeypatch.setattr(EagleDrafter, "propose", recording)

@@ -13,7 +13,6 @@ from eagle_fixtures import DEMO_DIR, demo_head, demo_prompts, demo_target
 from tiny_models import reference_greedy
 
 from assisted_backends import generate
-from assisted_backends.cli.args import HEAD_PRECISIONS as CLI_CHOICES
 from assisted_backends.cli.args import build_parser
 from assisted_backends.drafters.eagle import load_head, save_head
 from assisted_backends.drafters.eagle.build import draft_costs, head_precision, prepared_head
@@ -29,6 +28,7 @@ from assisted_backends.model_facts import ModelFacts
 from assisted_backends.native import extension
 from assisted_backends.options.errors import OptionError
 from assisted_backends.quantized.linear import QuantizedLinear, quantize_model
+from assisted_backends.startup.flags import HEAD_PRECISIONS as CLI_CHOICES
 from assisted_backends.train_draft import batches, ttt
 from assisted_backends.train_draft.data import featurize
 

@@ -16,7 +16,7 @@ from assisted_backends.drafters.eagle.build import build_eagle_drafter
 from assisted_backends.engine.kv_cache import make_layout
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import SamplingConfig, TokenSelector
-from assisted_backends.engine.tokens import TokenBuffer
+from assisted_backends.engine.slots import Slots
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,19 +33,17 @@ def test_q_is_the_heads_distribution_on_the_target_vocabulary(warpers):
     head = demo_head()
     vocab = target.get_output_embeddings().weight.shape[0]
     prompt = _prompt(51)
-    buffer = TokenBuffer(prompt, 64, 1)
+    slots = Slots(torch.cat([prompt, torch.tensor([[7]])], dim=1), 64, 1)  # the prompt, then its first token (7)
     runner = ModelRunner(target, make_layout("dynamic", target, torch.zeros(1, dtype=torch.long), 64, 16))
     drafter = build_eagle_drafter(head, runner, static_shapes=False, vocab_size=vocab)
-    runner.forward(buffer.committed(), last_only=True)
-    buffer.ids[0, buffer.length] = 7
-    buffer.length += 1
-    drafter.prefill(buffer)
+    runner.forward(slots.ids[:, : slots.length - 1], last_only=True)  # the first token pending
+    drafter.prefill(slots)
     selector = TokenSelector(SamplingConfig(do_sample=True), warpers)
     generator = torch.Generator().manual_seed(0)
-    start = buffer.length
+    start = slots.length
     state = drafter.cache.length, drafter.exact, drafter._last
-    proposal = drafter.propose(buffer, 3, selector, generator)
-    drafted = buffer.ids[0, start : start + 3]
+    proposal = drafter.propose(slots, 3, selector, generator)
+    drafted = slots.ids[0, start : start + 3]
     assert proposal.count == 3 and proposal.q.shape == (1, 3, vocab)
 
     # Recompute each q_i independently: the head's logits over V_d, softmax, carried through d2t, processors applied.
@@ -66,7 +64,7 @@ def test_q_is_the_heads_distribution_on_the_target_vocabulary(warpers):
         assert proposal.q[0, i, drafted[i]] > 0  # the drawn token has q > 0
         if i < 2:
             with torch.inference_mode():
-                hidden = drafter._run(buffer, start - 1 + i, 1, hidden)
+                hidden = drafter._run(slots, start - 1 + i, 1, hidden)
             drafter.cache.length = start + i
 
 

@@ -113,12 +113,12 @@ def test_the_drafter_needs_a_two_token_match_by_default():
     """A lone repeated token ("2" below) proposes nothing; the bigram "1 2" proposes what followed it."""
     from assisted_backends.drafters.prompt_lookup import PromptLookupDrafter
     from assisted_backends.engine.sampling import SamplingConfig, TokenSelector
-    from assisted_backends.engine.tokens import TokenBuffer
+    from assisted_backends.engine.slots import Slots
 
     def proposed(ids: list[int]) -> list[int]:
-        buffer = TokenBuffer(torch.tensor([ids]), len(ids) + 8, 0, [0], 0)
-        count = PromptLookupDrafter(vocab_size=16).propose(buffer, 3, TokenSelector(SamplingConfig()), None).count
-        return buffer.ids[0, len(ids) : len(ids) + count].tolist()
+        slots = Slots(torch.tensor([ids]), len(ids) + 8, 0, [0], 0)
+        count = PromptLookupDrafter(vocab_size=16).propose(slots, 3, TokenSelector(SamplingConfig()), None).count
+        return slots.ids[0, len(ids) : len(ids) + count].tolist()
 
     assert proposed([5, 7, 2, 9, 8, 2]) == []
     assert proposed([5, 1, 2, 9, 8, 1, 2]) == [9, 8, 1]

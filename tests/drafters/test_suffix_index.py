@@ -12,7 +12,7 @@ from assisted_backends.drafters.suffix.automaton import SuffixAutomaton
 from assisted_backends.drafters.suffix.cache import SuffixCache, cache_for
 from assisted_backends.drafters.suffix.drafter import SuffixDrafter
 from assisted_backends.engine.sampling import SamplingConfig, TokenSelector
-from assisted_backends.engine.tokens import TokenBuffer
+from assisted_backends.engine.slots import Slots
 from assisted_backends.options.errors import OptionError
 
 
@@ -117,10 +117,10 @@ def test_indexing_is_linear_in_the_tokens(texts):
 
 
 def _proposed(drafter: SuffixDrafter, ids: list[int], gamma: int = 6) -> list[int]:
-    buffer = TokenBuffer(torch.tensor([ids]), len(ids) + 16, 0, [0], 0)
-    drafter.prefill(buffer)
-    count = drafter.propose(buffer, gamma, TokenSelector(SamplingConfig()), None).count
-    return buffer.ids[0, len(ids) : len(ids) + count].tolist()
+    slots = Slots(torch.tensor([ids]), len(ids) + 16, 0, [0], 0)
+    drafter.prefill(slots)
+    count = drafter.propose(slots, gamma, TokenSelector(SamplingConfig()), None).count
+    return slots.ids[0, len(ids) : len(ids) + count].tolist()
 
 
 def test_the_drafter_takes_the_longer_match_and_scales_the_length_with_it():
@@ -153,9 +153,9 @@ def test_rows_follow_moves_and_a_row_kept_twice_gets_its_own_state():
     from assisted_backends.engine.realign import RowMove
 
     drafter = SuffixDrafter(32, None)
-    buffer = TokenBuffer(torch.tensor([[1, 2, 3], [4, 5, 6]]), 8, 0, [0, 0], 0)
-    drafter.prefill(buffer)
+    slots = Slots(torch.tensor([[1, 2, 3], [4, 5, 6]]), 8, 0, [0, 0], 0)
+    drafter.prefill(slots)
     first, second = drafter.rows
-    drafter.move_rows(RowMove(None, torch.zeros(3, dtype=torch.long), (0, 0, 0), (1, 0, 0)), buffer)
+    drafter.move_rows(RowMove(None, torch.zeros(3, dtype=torch.long), (0, 0, 0), (1, 0, 0)), slots)
     assert drafter.rows[0] is second and drafter.rows[1] is first
     assert drafter.rows[2] is not first and drafter.rows[2].seen == 0  # a queue's grown slot: fresh

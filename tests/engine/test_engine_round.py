@@ -19,9 +19,9 @@ from assisted_backends.engine.kv_cache import DynamicLayout
 from assisted_backends.engine.round import prefill, speculative_round
 from assisted_backends.engine.runner import ModelRunner, Runner
 from assisted_backends.engine.sampling import SamplingConfig, TokenSelector
+from assisted_backends.engine.slots import Slots
 from assisted_backends.engine.state import DecodingState, LoopSettings
 from assisted_backends.engine.stats import GenerationStats
-from assisted_backends.engine.tokens import TokenBuffer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT_LENGTH, NEW_TOKENS = 6, 12
@@ -44,21 +44,27 @@ class WritesTokens(Drafter):
         if method == self.fails_in:
             raise ValueError(f"simulated failure in {method}")
 
-    def prefill(self, buffer: TokenBuffer) -> None:
+    def prefill(self, slots: Slots) -> None:
         self._maybe_fail("prefill")
 
-    def propose(self, buffer: TokenBuffer, gamma: int, selector, generator) -> Proposal:
+    def propose(self, slots: Slots, gamma: int, selector, generator) -> Proposal:
         self._maybe_fail("propose")
         self.calls += 1
-        done = buffer.length - PROMPT_LENGTH
+        done = slots.length - PROMPT_LENGTH
         tokens = self.continuation[done : done + gamma].clone()
         if self.wrong:
             tokens[0] = (tokens[0] + 1) % 128
-        buffer.ids[0, buffer.length : buffer.length + tokens.shape[0]] = tokens
+        slots.write_draft(slots.length, tokens, slot=0)
         return Proposal(tokens.shape[0])
 
-    def rollback(self, buffer: TokenBuffer) -> None:
+    def rollback(self, slots: Slots) -> None:
         self._maybe_fail("rollback")
+
+    def move_rows(self, move, slots: Slots) -> None:
+        return None  # one row: never moves
+
+    def insert_row(self, slots: Slots, slot: int, width: int, pad_id: int) -> None:
+        return None  # no queue here
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +76,12 @@ def model_and_plain():
 
 
 def start(model, prompt, drafter: Drafter | None = None) -> DecodingState:
-    """The decoding state after the prefill (first token committed): buffer, the target's runner reading the
-    buffer's padding, `drafter` behind its guard, the rows and settings."""
-    buffer = TokenBuffer(prompt, PROMPT_LENGTH + NEW_TOKENS + 8, 0)
-    target = ModelRunner(model, DynamicLayout(model, buffer.padding))
+    """The decoding state after the prefill (first token committed): the slots, the target's runner reading the
+    slots' padding, `drafter` behind its guard, the settings."""
+    slots = Slots(prompt, PROMPT_LENGTH + NEW_TOKENS + 8, 0)
+    target = ModelRunner(model, DynamicLayout(model, slots.padding))
     settings = LoopSettings(NEW_TOKENS, None, False, lambda: None)
-    state = DecodingState.build(target, drafter, buffer, TokenSelector(SamplingConfig()), None, settings,
+    state = DecodingState.build(target, drafter, slots, TokenSelector(SamplingConfig()), None, settings,
                                 GenerationStats())  # fmt: skip
     prefill(state)
     return state
@@ -89,9 +95,9 @@ def test_the_runner_satisfies_the_protocol_the_engine_types_against(model_and_pl
 def test_the_prefill_commits_the_first_token(model_and_plain):
     model, prompt, plain = model_and_plain
     state = start(model, prompt)
-    buffer = state.buffer
-    assert buffer.length == PROMPT_LENGTH + 1 and buffer.new_tokens == [1]
-    assert buffer.ids[0, PROMPT_LENGTH] == plain[0]
+    slots = state.slots
+    assert slots.length == PROMPT_LENGTH + 1 and slots.new_tokens == [1]
+    assert slots.ids[0, PROMPT_LENGTH] == plain[0]
     assert state.target.length == PROMPT_LENGTH  # the first token is pending for the target
     assert state.stats.rounds == 0  # the prompt pass is no round of the statistics
 
@@ -102,9 +108,9 @@ def test_a_right_draft_is_accepted_whole(model_and_plain, gamma):
     state = start(model, prompt, WritesTokens(plain))
     observation = speculative_round(state, gamma)
     assert (observation.drafted, observation.accepted) == (gamma, gamma)
-    assert state.buffer.length == PROMPT_LENGTH + 1 + gamma + 1
-    assert torch.equal(state.buffer.committed()[0, PROMPT_LENGTH:], plain[: gamma + 2])
-    assert state.target.length == state.buffer.length - 1
+    assert state.slots.length == PROMPT_LENGTH + 1 + gamma + 1
+    assert torch.equal(state.slots.committed()[0, PROMPT_LENGTH:], plain[: gamma + 2])
+    assert state.target.length == state.slots.length - 1
 
 
 def test_a_wrong_draft_commits_the_targets_one_token(model_and_plain):
@@ -113,29 +119,29 @@ def test_a_wrong_draft_commits_the_targets_one_token(model_and_plain):
     for _ in range(3):
         observation = speculative_round(state, 3)
         assert (observation.drafted, observation.accepted) == (3, 0)
-        assert state.target.length == state.buffer.length - 1
-    assert torch.equal(state.buffer.committed()[0, PROMPT_LENGTH:], plain[:4])
+        assert state.target.length == state.slots.length - 1
+    assert torch.equal(state.slots.committed()[0, PROMPT_LENGTH:], plain[:4])
     assert state.stats.drafted == 9 and state.stats.accepted == 0 and state.stats.rounds == 3
-    assert state.live.stats[0].drafted == 9  # the row's own statistics, kept in the same place
+    assert state.slots.rows[0].drafted == 9  # the row's own statistics, kept in the same place
 
 
 def test_rounds_stop_at_max_new_tokens(model_and_plain):
     model, prompt, plain = model_and_plain
     state = start(model, prompt, WritesTokens(plain))
-    while any(state.live.generating):
-        speculative_round(state, min(4, state.tokens_left() - 1))
-    assert torch.equal(state.buffer.results[0], plain)
+    while any(state.slots.generating):
+        speculative_round(state, min(4, state.slots.tokens_left() - 1))
+    assert torch.equal(state.slots.results[0], plain)
 
 
 @pytest.mark.parametrize("method", ["prefill", "propose", "rollback"])
 def test_a_failing_drafter_is_dropped_with_one_warning(model_and_plain, method):
     model, prompt, plain = model_and_plain
     state = start(model, prompt, WritesTokens(plain, fails_in=method))
-    drafter, buffer = state.drafter, state.buffer
+    drafter, slots = state.drafter, state.slots
     with pytest.warns(DraftFailedWarning, match=f"simulated failure in {method}") as caught:
         for _ in range(3):
             speculative_round(state, 2)
     assert len(caught) == 1 and not drafter.active
     assert drafter.propose(2, state.selector, None).count == 0
     assert state.stats.drafting_stopped.startswith("the draft raised ValueError")
-    assert torch.equal(buffer.committed()[0, PROMPT_LENGTH:], plain[: buffer.length - PROMPT_LENGTH])
+    assert torch.equal(slots.committed()[0, PROMPT_LENGTH:], plain[: slots.length - PROMPT_LENGTH])

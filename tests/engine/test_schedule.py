@@ -8,6 +8,7 @@ from assisted_backends import generate
 from assisted_backends.engine.schedule import (
     AdaptiveSchedule,
     RoundObservation,
+    ScheduleChoice,
     SourceSchedule,
     _PositionAcceptance,
     _VerifyCost,
@@ -155,8 +156,9 @@ def test_probe_interval_follows_the_probe_cost():
 
 
 def test_schedule_choice_rules():
-    def made(*args, **kwargs):
-        return choose_schedule(*args, **kwargs).build()
+    def made(name, gamma, static_shapes, default_gamma, max_gamma, **kwargs):
+        choice = ScheduleChoice(name, gamma, default_gamma, max_gamma, static_shapes=static_shapes, **kwargs)
+        return choose_schedule(choice).build()
 
     assert isinstance(made(None, None, False, 4, 8), AdaptiveSchedule)
     assert made(None, 3, False, 4, 8).gamma == 3

@@ -76,7 +76,7 @@ def _path_steps(model, prefix: torch.Tensor, root: torch.Tensor, path: list[int]
 def _rows_of_paths():
     """Each row's path of tokens from the root (row 0: none)."""
     paths = [[]]
-    for parent, token in zip(TREE.row_parents()[1:], TREE.tokens):
+    for parent, token in zip(TREE.query_parents()[1:], TREE.tokens):
         paths.append(paths[parent] + [token])
     return paths
 

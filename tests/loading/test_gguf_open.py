@@ -24,8 +24,8 @@ import assisted_backends  # noqa: E402
 from assisted_backends.cache_dir import cache_root  # noqa: E402
 from assisted_backends.cli import main  # noqa: E402
 from assisted_backends.loading import files, models  # noqa: E402
-from assisted_backends.native import decoder_build  # noqa: E402
-from assisted_backends.quantized import native_decoder  # noqa: E402
+from assisted_backends.loading.open import open_model  # noqa: E402
+from assisted_backends.native import decoder_build, decoder_model  # noqa: E402
 from assisted_backends.quantized.model import load_gguf_quantized  # noqa: E402
 
 TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
@@ -81,7 +81,7 @@ def _comparable(fields: dict) -> dict:
 
 
 def test_type_and_generation_settings_come_from_the_metadata_as_the_conversion_gave_them(tiny_gguf, _private_cache):
-    kind, settings = models.model_type(str(tiny_gguf)), models.saved_generation_config(tiny_gguf)
+    kind, settings = models.gguf_config(tiny_gguf)["model_type"], models.saved_generation_config(tiny_gguf)
     assert settings["bos_token_id"] == 270 and settings["eos_token_id"] == settings["pad_token_id"] == 271
     assert _written(_private_cache) == []  # read from the header: nothing converted, nothing written
     converted = Path(files.model_dir(tiny_gguf))  # what the command line read before: transformers' conversion
@@ -96,10 +96,18 @@ def test_the_tokenizer_carries_the_metadata_chat_template(tiny_gguf):
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (270, 271)
 
 
+def test_one_call_opens_the_model_its_tokenizer_settings_and_chat_template(tiny_gguf, _private_cache):
+    opened = open_model(str(tiny_gguf), "-m/--model")
+    assert (opened.model_type, opened.chat_template) == ("llama", TEMPLATE)
+    assert opened.generation_settings == models.saved_generation_config(tiny_gguf)
+    assert opened.tokenizer.eos_token_id == opened.generation_settings["eos_token_id"] == 271
+    assert opened.model.get_input_embeddings().num_embeddings == opened.tokenizer.vocab_size == 272
+
+
 def test_a_truncated_file_is_one_line_before_any_conversion(tiny_gguf, tmp_path, _private_cache):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(tiny_gguf.read_bytes()[:-4096])
-    for read in (models.model_type, models.saved_generation_config):
+    for read in (lambda name, what: models.gguf_config(Path(name), what), models.saved_generation_config):
         with pytest.raises(files.ModelFileError, match="truncated") as raised:
             read(str(cut), "-m/--model")
         assert "\n" not in str(raised.value) and "-m/--model" in str(raised.value)
@@ -132,17 +140,15 @@ def test_the_command_line_leaves_only_the_repacked_weights_and_the_tokenizer(tin
 
 def test_the_command_line_builds_the_tokenizer_before_the_weights(tiny_gguf, tmp_path, _private_cache, monkeypatch):
     # a 262k-token vocabulary peaks at +350 MiB while it is built: before the weights, that peak is not on theirs
-    from assisted_backends.cli import session
-
     order: list[str] = []
-    for name, label in (("load_tokenizer", "tokenizer"), ("load_with_progress", "weights")):
-        real = getattr(session, name)
+    for name, label in (("load_tokenizer", "tokenizer"), ("load_model", "weights")):
+        real = getattr(models, name)
 
         def recorded(*args, _real=real, _label=label, **kwargs):
             order.append(_label)
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(session, name, recorded)
+        monkeypatch.setattr(models, name, recorded)
     assert _cli_text(tiny_gguf, tmp_path / "ordered.json", "--no-assisted")
     assert order == ["tokenizer", "weights"], order
 
@@ -151,13 +157,13 @@ def test_the_command_line_builds_the_tokenizer_before_the_weights(tiny_gguf, tmp
 def native_calls(monkeypatch) -> list[int]:
     """Counts forwards of the native decoder step."""
     counted: list[int] = []
-    real = native_decoder.NativeCausalLM.forward
+    real = decoder_model.NativeCausalLM.forward
 
     def counting(self, *args, **kwargs):
         counted.append(1)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(native_decoder.NativeCausalLM, "forward", counting)
+    monkeypatch.setattr(decoder_model.NativeCausalLM, "forward", counting)
     return counted
 
 
@@ -165,20 +171,24 @@ def native_calls(monkeypatch) -> list[int]:
 def test_every_route_takes_the_native_step_with_the_same_tokens(tiny_gguf, native_calls):
     reference = load_gguf_quantized(tiny_gguf, tokenizer=False, native=False)
     assert reference.model is reference.reference and "native=False" in reference.step
-    expected = assisted_backends.generate(native_decoder.NativeCausalLM(reference.model), IDS, max_new_tokens=16)
+    expected = assisted_backends.generate(decoder_model.NativeCausalLM(reference.model), IDS, max_new_tokens=16)
     native_calls.clear()
 
     loaded = load_gguf_quantized(tiny_gguf, tokenizer=False)
-    assert isinstance(loaded.model, native_decoder.NativeCausalLM) and loaded.step == native_decoder.STEP_LINE
+    assert isinstance(loaded.model, decoder_model.NativeCausalLM) and loaded.step == decoder_model.STEP_LINE
     assert loaded.model.reference is loaded.reference
     enabled = assisted_backends.enable(load_gguf_quantized(tiny_gguf, tokenizer=False).model)
     routes = {
         "load_gguf_quantized": lambda: assisted_backends.generate(loaded.model, IDS, max_new_tokens=16).sequences,
         "generate(path)": lambda: assisted_backends.generate(tiny_gguf, IDS, max_new_tokens=16).sequences,
-        "AssistedGenerator(path)": lambda: assisted_backends.AssistedGenerator(str(tiny_gguf)).generate(
-            IDS, max_new_tokens=16, prompt_lookup_num_tokens=3).sequences,  # fmt: skip
-        "load_model(path)": lambda: assisted_backends.generate(models.load_model(tiny_gguf), IDS,
-                                                               max_new_tokens=16).sequences,  # fmt: skip
+        "AssistedGenerator(path)": lambda: (
+            assisted_backends.AssistedGenerator(str(tiny_gguf))
+            .generate(IDS, max_new_tokens=16, prompt_lookup_num_tokens=3)
+            .sequences
+        ),  # fmt: skip
+        "load_model(path)": lambda: (
+            assisted_backends.generate(models.load_model(tiny_gguf), IDS, max_new_tokens=16).sequences
+        ),  # fmt: skip
         "enable": lambda: enabled.generate(IDS, max_new_tokens=16),
     }
     for route, run in routes.items():
@@ -190,6 +200,6 @@ def test_every_route_takes_the_native_step_with_the_same_tokens(tiny_gguf, nativ
 def test_the_switch_keeps_transformers_modeling_and_says_why(tiny_gguf, monkeypatch):
     monkeypatch.setenv(decoder_build.SWITCH_VARIABLE, "off")
     loaded = load_gguf_quantized(tiny_gguf, tokenizer=False)
-    assert loaded.model is loaded.reference and not isinstance(loaded.model, native_decoder.NativeCausalLM)
+    assert loaded.model is loaded.reference and not isinstance(loaded.model, decoder_model.NativeCausalLM)
     assert loaded.step.startswith("forward pass: transformers' modeling")
     assert "ASSISTED_BACKENDS_NATIVE=off" in loaded.step

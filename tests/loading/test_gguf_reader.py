@@ -102,8 +102,8 @@ def test_what_is_wrong_is_named(tiny_gguf, tmp_path, mangle, words):
 
 
 def test_the_callers_messages_are_one_line_and_name_the_fix(tiny_gguf, tmp_path):
-    from assisted_backends.cli import model_files
-    from assisted_backends.cli.errors import CLIError
+    from assisted_backends.startup import model_files
+    from assisted_backends.startup.errors import CLIError
 
     data = tiny_gguf.read_bytes()
     cut = tmp_path / "cut.gguf"

@@ -90,8 +90,8 @@ def tiny_llama(directory: str, tied: bool = False):
     """(reference, native) for a tiny random `.gguf` Llama: transformers' modeling on the kernels with
     batch-invariant attention, and the native decoder over the same weights."""
     from assisted_backends.backends.cpu import invariant_attention
+    from assisted_backends.native.decoder_model import NativeCausalLM
     from assisted_backends.quantized.model import load_gguf_quantized
-    from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     path = write_tiny_llama(Path(directory) / f"tiny-llama{'-tied' if tied else ''}.gguf", tied=tied)
     reference = load_gguf_quantized(path, tokenizer=False, use_cache=False).reference

@@ -156,8 +156,9 @@ def test_a_cache_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("ASSISTED_BACKENDS_CACHE", str(blocker / "cache"))  # under a file: no directory can be made
     loaded, why = extension.build_library(extension.KERNELS)
     assert loaded is None
-    assert why.startswith(f"cannot build the package's kernels: the cache directory {blocker / 'cache'} cannot be "
-                          "written (") and why.endswith("set ASSISTED_BACKENDS_CACHE to a writable directory"), why
+    assert why.startswith(
+        f"cannot build the package's kernels: the cache directory {blocker / 'cache'} cannot be written ("
+    ) and why.endswith("set ASSISTED_BACKENDS_CACHE to a writable directory"), why
 
 
 def test_a_clang_without_openmp_is_refused_by_name(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The native decoder step (`quantized.native_decoder`, `native/decoder/decoder.cpp`) is exact by construction:
+"""The native decoder step (`native.decoder_model`, `native/decoder/decoder.cpp`) is exact by construction:
 a verify pass over M rows gives each row's logits bit for bit as M one-token steps (M = 1..16, 1 and 2 threads,
 every instruction-set path of the kernels); rollback is a length; against transformers' modeling on the same
 kernels (the reference) logits agree to the spread the reference itself shows under a 1e-7 relative change of
@@ -82,15 +82,18 @@ def test_only_the_kept_rows_reach_the_head(models):
 def test_logits_agree_with_the_reference_within_its_own_input_sensitivity(models):
     """The native step differs from transformers' modeling in the last bits of the norms' sums and SiLU's exp;
     the activations' int8 quantization turns such bits into larger steps. Tolerance: 3x the largest change a
-    1e-7 relative change of the embedded input makes in the reference's own logits (stated in docs/native.md)."""
+    1e-7 relative change of the embedded input makes in the reference's own logits (stated in docs/native.md), the
+    largest over four draws of the change (one draw may move no activation across an int8 step)."""
     reference, native = models
     tokens = prompt(24, 8)
+    spread = 0.0
     with torch.inference_mode():
         embedded = reference.get_input_embeddings()(tokens)
         ours = reference(inputs_embeds=embedded).logits
-        nudged = reference(inputs_embeds=embedded * (1 + 1e-7 * torch.randn(embedded.shape,
-                           generator=torch.Generator().manual_seed(0)))).logits  # fmt: skip
-    spread = float((ours - nudged).abs().max())
+        for seed in range(4):
+            nudged = reference(inputs_embeds=embedded * (1 + 1e-7 * torch.randn(embedded.shape,
+                               generator=torch.Generator().manual_seed(seed)))).logits  # fmt: skip
+            spread = max(spread, float((ours - nudged).abs().max()))
     difference = float((_logits(native, tokens) - ours).abs().max())
     assert 0 < spread and difference <= 3 * spread, (difference, spread)
 
@@ -110,7 +113,7 @@ def test_greedy_text_agrees_with_the_reference_over_a_long_generation(models):
 
 
 def test_the_switch_keeps_transformers_modeling_and_says_why(models, monkeypatch):
-    from assisted_backends.quantized.native_decoder import NativeCausalLM, native_model
+    from assisted_backends.native.decoder_model import NativeCausalLM, native_model
 
     reference, _ = models
     monkeypatch.setenv(decoder_build.SWITCH_VARIABLE, "off")
@@ -128,7 +131,8 @@ def test_an_uncovered_model_keeps_its_modeling_with_the_reason():
 
     from assisted_backends.backends.base import BackendOptions
     from assisted_backends.backends.cpu.backend import CPUBackend
-    from assisted_backends.quantized.native_decoder import native_model, why_not_native
+    from assisted_backends.native.decoder_coverage import why_not_native
+    from assisted_backends.native.decoder_model import native_model
 
     gpt2 = CPUBackend(BackendOptions(dtype="int4")).prepare(build("gpt2", seed=0), "target")
     assert "family (gpt2)" in why_not_native(gpt2)

@@ -34,8 +34,8 @@ NEW = 40
 def _models(directory: str):
     """(reference, native) for a tiny random 4-layer `.gguf` Llama (distinct feature layers)."""
     from assisted_backends.backends.cpu import invariant_attention
+    from assisted_backends.native.decoder_model import NativeCausalLM
     from assisted_backends.quantized.model import load_gguf_quantized
-    from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     path = write_tiny_llama(Path(directory) / "tiny-llama-4.gguf", seed=3, layers=LAYERS)
     reference = load_gguf_quantized(path, tokenizer=False, use_cache=False).reference

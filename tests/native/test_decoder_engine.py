@@ -85,7 +85,7 @@ def test_queue_rows_that_join_equal_each_prompt_alone(models, slots):
 def test_each_covered_family_steps_natively_and_exactly(arch):
     from architectures import build
 
-    from assisted_backends.quantized.native_decoder import NativeCausalLM
+    from assisted_backends.native.decoder_model import NativeCausalLM
 
     backend = CPUBackend(BackendOptions(dtype="int4"))
     target = backend.prepare(build(arch, seed=0), "target")  # windows of 12 positions where the family has them
@@ -110,9 +110,9 @@ def test_a_scaled_token_table_is_read_and_scaled_natively_as_the_module_does():
     embedding a step), bit for bit the module's rows."""
     from architectures import build
 
+    from assisted_backends.native.decoder_model import NativeCausalLM
     from assisted_backends.quantized import blocks
     from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear
-    from assisted_backends.quantized.native_decoder import NativeCausalLM
 
     target = CPUBackend(BackendOptions(dtype="int4")).prepare(build("gemma3_text", seed=0), "target")
     dense = target.get_input_embeddings()  # a float table here; a .gguf's is quantized, as made below

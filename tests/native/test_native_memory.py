@@ -9,8 +9,8 @@ import ctypes
 import pytest
 import torch
 
+from assisted_backends.native.decoder_cache import NativeCache
 from assisted_backends.native.heap import trim_heap
-from assisted_backends.quantized.native_decoder import NativeCache
 
 
 def test_cached_tensors_read_back_with_their_bits(tmp_path):

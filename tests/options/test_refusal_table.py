@@ -32,7 +32,7 @@ LEFT_OUTSIDE = {
     "drafters/eagle/build.py": "an EAGLE head against its target (vocabulary, width, the input embedding it "
     "borrows): `check_head`, called by planning (`drafters.factory.plan_drafting`) from the target's facts",
     "drafters/eagle/precision.py": "an EAGLE head's precision name: the head's own module",
-    "cli/session.py": "CLI-only: --head-precision without a head, found when the flags' files are read",
+    "startup/pair.py": "command lines only: --head-precision without a head, found when the flags' models open",
 }
 
 

@@ -16,13 +16,14 @@ from tiny_models import MAX_POSITIONS, tiny_model
 
 from assisted_backends import generate
 from assisted_backends.api.generation import AssistedGenerator
-from assisted_backends.api.plan import QueueShape
 from assisted_backends.cli import preflight
-from assisted_backends.cli.args import assistant_kind, build_parser, cli_spelling, validate
+from assisted_backends.cli.args import build_parser, validate
 from assisted_backends.drafters.eagle import save_head
 from assisted_backends.drafters.factory import drafting_request
 from assisted_backends.options import fields, ranges
 from assisted_backends.options.errors import OptionError, OptionNotSupported
+from assisted_backends.options.request import QueueShape
+from assisted_backends.startup.flags import assistant_kind, cli_spelling
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 IDS = torch.tensor([[5, 9, 3, 17, 4, 8]])

@@ -1,7 +1,7 @@
 """One meaning per word (docs/design.md's glossary): the meanings retired by issue 40 stay retired.
 
-A batch index is a `slot` (never a `position`, which is a token's index in its sequence); the rows still
-generating are `LiveRows`, held as `live` (never `rows`, which is the caller's prompts); "batch position" is gone
+A batch index is a `slot` (never a `position`, which is a token's index in its sequence); the slots still
+generating are `Slots.live()` (the batch's one owner, `engine.slots`; no `LiveRows` beside it); "batch position" is gone
 from the code and the pages. Each test greps the package (and the docs) and names every line that brings a
 retired meaning back.
 """
@@ -39,10 +39,10 @@ def test_a_batch_index_is_a_slot_not_a_position() -> None:
     assert _hits(r"\.positions\(\)", _sources()) == []
 
 
-def test_live_rows_are_held_as_live() -> None:
+def test_the_slots_still_generating_are_the_slots_own() -> None:
     sources = _sources()
-    assert _hits(r"\bstate\.rows\b|\brows: LiveRows\b|\brows = LiveRows\(", sources) == []
-    assert _hits(r"\bclass LiveRows\b", sources), "LiveRows moved: update this test with it"
+    assert _hits(r"\bstate\.rows\b|\bclass LiveRows\b|\bclass TokenBuffer\b", sources) == []
+    assert _hits(r"\bclass Slots\b", sources), "Slots moved: update this test with it"
 
 
 def test_batch_position_is_gone_from_the_code_and_the_pages() -> None:

@@ -53,6 +53,8 @@ def folder(module: str) -> str | None:
 
 # the layers a call runs through, and the kernels
 CALL_LAYERS = (".", "api", "options", "engine", "drafters", "quantized")
+# the front ends, what they share, and the loading room they open models through
+FRONT_LAYERS = ("serve", "cli", "train_draft", "startup", "loading")
 
 
 def module_graph(folders: tuple[str, ...]) -> dict[str, dict[str, list[str]]]:
@@ -63,9 +65,19 @@ def module_graph(folders: tuple[str, ...]) -> dict[str, dict[str, list[str]]]:
         if folder(source) not in folders:
             continue
         for target in imported_modules(path):
-            if target != source and folder(target) in folders and _is_module(target):
+            if (
+                target != source
+                and not _packages_it(target, source)
+                and folder(target) in folders
+                and _is_module(target)
+            ):
                 graph[source][target].append(f"{source} -> {target}")
     return graph
+
+
+def _packages_it(package: str, module: str) -> bool:
+    """Whether `package` holds `module` (`from pkg import sibling` names it: initialised before the module anyway)."""
+    return module.startswith(f"{package}.")
 
 
 def _is_module(name: str) -> bool:
@@ -123,6 +135,8 @@ def test_the_import_reader_sees_function_level_and_relative_imports(tmp_path):
     assert folder("assisted_backends.hf_compat") == "." and folder("assisted_backends.engine.loop") == "engine"
     graph = {"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}
     assert cycles(graph) == [["a", "b", "c"]]
+    assert "assisted_backends.cli" in imported_modules(PACKAGE / "cli" / "main.py")  # `from ..cli import prompting`
+    assert "assisted_backends.cli" not in module_graph(("cli",))["assisted_backends.cli.main"]  # its own package
 
 
 def test_no_cycle_between_package_folders():
@@ -166,3 +180,21 @@ def test_the_layer_diagram_matches_the_imports():
     assert set(graph) | {b for a in graph for b in graph[a]} <= set(order), sorted(set(graph) - set(order))
     upward = {f"{a} -> {b}": arrows[:2] for a in graph for b, arrows in graph[a].items() if order[b] <= order[a]}
     assert not upward, f"imports pointing up the diagram: {upward}"
+
+
+def test_no_two_modules_of_the_front_ends_or_the_loading_room_import_each_other():
+    """`serve.cli` checks the flags and calls `serve.server`, which never calls back; `cli/` and `serve/` open their
+    models through `startup/`, which opens each through `loading.open`; nothing below calls back up."""
+    found = cycles(module_graph(FRONT_LAYERS))
+    assert not found, f"modules importing each other: {found}"
+
+
+def test_the_server_builds_on_the_api_and_the_loading_room_not_on_the_command_line():
+    graph = folder_graph()
+    assert "cli" not in graph["serve"], graph["serve"]["cli"]
+    assert {"api", "startup"} <= set(graph["serve"]) and "loading" in graph["startup"]
+
+
+def test_the_loading_room_calls_no_front_end_and_no_api():
+    reached = set(folder_graph()["loading"])
+    assert not reached & {"serve", "cli", "train_draft", "startup", "api"}, reached

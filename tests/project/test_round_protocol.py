@@ -27,7 +27,7 @@ ROUND_PARAMETERS = ["state", "gamma"]
 RUNNER_METHODS = {
     "forward": ["self", "tokens", "last_only", "hidden_only"],
     "forward_tree": ["self", "tokens", "tree"],
-    "keep_path": ["self", "begin", "rows"],
+    "keep_path": ["self", "begin", "queries"],
     "tree_refusal": ["self"],
     "rollback": ["self", "length"],
     "move_rows": ["self", "move", "length"],
@@ -36,7 +36,7 @@ RUNNER_METHODS = {
 }
 RUNNER_ATTRIBUTES = {"length", "forward_count", "resizable", "head"}
 STATE_FIELDS = [
-    "buffer", "target", "drafter", "live", "selector", "generator", "settings", "schedule", "split", "tree_price",
+    "slots", "target", "drafter", "selector", "generator", "settings", "stats", "schedule", "split", "tree_price",
 ]  # fmt: skip
 
 

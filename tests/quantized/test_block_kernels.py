@@ -228,6 +228,24 @@ def test_fused_projections_give_the_unfused_logits_bit_for_bit(arch):
         assert torch.equal(fused(ids).logits, separate(ids).logits)
 
 
+def test_only_siblings_of_one_class_on_block_weights_fuse():
+    """`fusion` reads layers by the weight they hold (it imports no layer class): float layers, PyTorch-kernel
+    layers and a mix stay as they are; the fused layer is of the siblings' own class."""
+    from architectures import build
+
+    from assisted_backends.quantized.fusion import fuse_projections
+    from assisted_backends.quantized.linear import QuantizedLinear, quantize_model
+
+    assert fuse_projections(build("llama", seed=0)) == 0
+    assert fuse_projections(quantize_model(build("llama", seed=0), "int4", dtype=torch.float32)) == 0
+    mixed = quantize_model(build("llama", seed=0), "int4")
+    attention = mixed.model.layers[0].self_attn
+    attention.k_proj = torch.nn.Linear(attention.k_proj.in_features, attention.k_proj.out_features, bias=False)
+    assert fuse_projections(mixed) == 2 * mixed.config.num_hidden_layers - 1
+    assert type(attention.k_proj) is torch.nn.Linear and type(attention.q_proj) is QuantizedLinear
+    assert type(mixed.model.layers[0].mlp.up_proj.shared.fused) is QuantizedLinear
+
+
 def _random_layout(generator: torch.Generator) -> dict:
     """Bits, group, super-block, offset and which fields a layout has: any the kernels admit (4 and 8 bits: any
     combination; 5 bits: Q5_0's, Q5_1's and Q5_K's shapes; 6 bits: Q6_K's), chosen by `generator`."""

@@ -106,8 +106,17 @@ def _command(path: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("name", ["token_embd_wide_tied", "attn_output_rows_short", "heads_zero", "vocab_empty",
-                                  "bos_id_past_the_vocabulary", "merges_a_number"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "token_embd_wide_tied",
+        "attn_output_rows_short",
+        "heads_zero",
+        "vocab_empty",
+        "bos_id_past_the_vocabulary",
+        "merges_a_number",
+    ],
+)
 def test_the_command_in_its_own_process_exits_2_with_one_line(crafted, name):
     """What the issue saw as signals (heap corruption, SIGSEGV, SIGFPE) and tracebacks, in a process of its own."""
     done = _command(crafted[name], "--prompt-lookup", "10")
@@ -148,8 +157,8 @@ def test_the_well_formed_file_generates_on_every_route(tmp_path, capsys):
 def native_parts(tmp_path_factory):
     """(decoder module, the well-formed model on the block kernels, its Linear of each matrix by role)."""
     from assisted_backends.native import decoder_build
+    from assisted_backends.native.decoder_model import native_linear, why_unavailable
     from assisted_backends.quantized.model import load_gguf_quantized
-    from assisted_backends.quantized.native_decoder import _linear, why_unavailable
 
     path = write_base(tmp_path_factory.mktemp("native"))
     model = load_gguf_quantized(path, tokenizer=False, use_cache=False).model
@@ -161,9 +170,9 @@ def native_parts(tmp_path_factory):
     attention, mlp = layer.self_attn, layer.mlp
     shared = attention.q_proj.shared.fused if hasattr(attention.q_proj, "shared") else None
     gate_up = mlp.gate_proj.shared.fused if hasattr(mlp.gate_proj, "shared") else None
-    parts = {"qkv": _linear(module, shared), "o": _linear(module, attention.o_proj),
-             "gate_up": _linear(module, gate_up), "down": _linear(module, mlp.down_proj),
-             "head": _linear(module, model.lm_head)}  # fmt: skip
+    parts = {"qkv": native_linear(module, shared), "o": native_linear(module, attention.o_proj),
+             "gate_up": native_linear(module, gate_up), "down": native_linear(module, mlp.down_proj),
+             "head": native_linear(module, model.lm_head)}  # fmt: skip
     return module, model, parts
 
 

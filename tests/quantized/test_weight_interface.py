@@ -13,9 +13,10 @@ import torch
 
 from assisted_backends.native import extension
 from assisted_backends.quantized import blocks, kernels
+from assisted_backends.quantized.formats import FORMATS, format_class
 from assisted_backends.quantized.linear import QuantizedEmbedding, QuantizedLinear
 from assisted_backends.quantized.packing import int4_from_float, int8_from_float
-from assisted_backends.quantized.weights import FORMATS, LinearWeight, format_class
+from assisted_backends.quantized.weights import LinearWeight
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N, K = 48, 128

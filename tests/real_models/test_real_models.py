@@ -312,8 +312,8 @@ def test_generate_takes_a_gguf_path(smollm2):
     tokens as that quantized model's plain decoding, and the same model `load_gguf_quantized` gives, stepped by the
     native decoder as the loader does (transformers' modeling on the same kernels agrees to a tolerance, not bit for
     bit: `tests/real_models/test_real_native_decoder.py`)."""
+    from assisted_backends.native.decoder_model import native_model
     from assisted_backends.quantized.model import load_gguf_quantized
-    from assisted_backends.quantized.native_decoder import native_model
 
     _, tokenizer = smollm2
     ids = _chat_ids(tokenizer, "Name a colour.")

@@ -1,4 +1,4 @@
-"""SmolLM2's and Gemma 3 270M's real `.gguf` files on the native decoder (`quantized.native_decoder`): a verify pass
+"""SmolLM2's and Gemma 3 270M's real `.gguf` files on the native decoder (`native.decoder_model`): a verify pass
 equals the one-token steps bit for bit, every drafter gives the plain greedy output, and greedy text equals
 transformers' modeling on the same kernels over a few hundred tokens of real prompts; where it departs, the test
 names the first divergence and the reference's top-2 margin there (a near-tie, or a fault).
@@ -17,8 +17,8 @@ from assisted_backends.backends.base import BackendOptions
 from assisted_backends.backends.cpu import invariant_attention
 from assisted_backends.backends.cpu.backend import CPUBackend
 from assisted_backends.loading.real_weights import real_model_gguf
+from assisted_backends.native.decoder_model import NativeCausalLM, why_unavailable
 from assisted_backends.quantized.model import load_gguf_quantized
-from assisted_backends.quantized.native_decoder import NativeCausalLM, why_unavailable
 
 pytestmark = [
     pytest.mark.skipif(

@@ -153,3 +153,10 @@ class Reference:
              **options) -> str:  # fmt: skip
         return self.tokenizer.decode(self.tokens(self.ids(prompt, messages), max_tokens, **options),
                                      skip_special_tokens=True)  # fmt: skip
+
+
+def openai_client(server: Server):
+    """The official `openai` client pointed at `server` (no retries: a failure shows as it happened)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)

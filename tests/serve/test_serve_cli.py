@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from assisted_backends.cli.args import validate
 from assisted_backends.serve.cli import model_name, parse_args
+from assisted_backends.startup.flags import check_model_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTED = [*sorted((ROOT / "docker").glob("*/Dockerfile")), ROOT / "docs" / "serve.md"]
@@ -34,7 +34,7 @@ def test_documented_commands_parse_as_written():
     assert len(commands) >= 5
     for words in commands:
         args = parse_args(words)
-        validate(args)
+        check_model_flags(args)
         assert args.host in ("127.0.0.1", "0.0.0.0")
 
 
@@ -56,6 +56,45 @@ def test_flags_and_defaults():
     ],
 )
 def test_bad_flags_stop_with_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(flags)
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ") and message in error and "\n" not in error
+
+
+def test_docker_examples_publish_the_port_on_loopback_only():
+    """`-p 8000:8000` publishes on every interface of the host: the examples bind 127.0.0.1 (the server has no key
+    by default)."""
+    lines = [line for path in DOCUMENTED for line in path.read_text(encoding="utf-8").splitlines()
+             if "docker run" in line and "assisted-serve" in line]  # fmt: skip
+    assert len(lines) >= 4
+    for line in lines:
+        published = re.findall(r"-p\s+(\S+)", line)
+        assert published and all(port.startswith("127.0.0.1:") for port in published), line
+
+
+def test_access_and_limit_flags(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("# ops\nk1\n\nk2\n", encoding="utf-8")
+    args = parse_args(["--api-key", "k0", "--api-key-file", str(keys), "--cors-origins", "https://a.example",
+                       "http://localhost:3000", "--slots", "2", "--send-timeout", "5"])  # fmt: skip
+    assert args.api_keys == ["k0", "k1", "k2"] and args.cors_origins == ["https://a.example", "http://localhost:3000"]
+    assert args.max_connections == 2 + 8 + 32 and args.send_timeout == 5.0
+    assert parse_args([]).api_keys == [] and parse_args([]).cors_origins is None
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--api-key-file", "/no/such/keys"], "--api-key-file"),
+        (["--api-key", "two words"], "--api-key"),
+        (["--cors-origins", "example.com"], "--cors-origins"),
+        (["--send-timeout", "0"], "--send-timeout"),
+        (["--max-connections", "0"], "--max-connections"),
+    ],
+)
+def test_bad_access_flags_stop_with_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as stopped:
         parse_args(flags)
     assert stopped.value.code == 2

@@ -35,7 +35,7 @@ class ArrivingSource:
 
     def take(self):
         i, self.taken = self.taken, self.taken + 1
-        return i, torch.tensor(self.prompts[i]), self.limits[i]
+        return i, torch.tensor(self.prompts[i]), self.limits[i], []
 
     def cancelled(self) -> list[int]:
         due = [i for i, at in self.cancel_at.items() if at <= self.polls and i < self.taken and i not in self.reported]

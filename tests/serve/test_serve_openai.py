@@ -9,7 +9,7 @@ import json
 import time
 
 import pytest
-from serve_process import Reference, demo_prompts, running_server
+from serve_process import Reference, demo_prompts, openai_client, running_server
 
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
@@ -29,7 +29,7 @@ def reference():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def _complete(client, prompt: str, max_tokens: int, **options) -> tuple[str, object]:
@@ -132,9 +132,13 @@ BAD_BODIES = [
     (json.dumps({"model": "demo", "prompt": "x", "temperature": -1}), 400, "temperature"),
     (json.dumps({"model": "demo", "prompt": "x", "temperature": "hot"}), 400, "temperature"),
     (json.dumps({"model": "demo", "prompt": "x", "top_p": 0}), 400, "top_p"),
-    (json.dumps({"model": "demo", "prompt": "x", "n": 2}), 400, "n"),
-    (json.dumps({"model": "demo", "prompt": "x", "frequency_penalty": 0.5}), 400, "frequency_penalty"),
-    (json.dumps({"model": "demo", "prompt": "x", "presence_penalty": 1}), 400, "presence_penalty"),
+    (json.dumps({"model": "demo", "prompt": "x", "n": 17}), 400, "n"),
+    (json.dumps({"model": "demo", "prompt": "x", "n": 0}), 400, "n"),
+    (json.dumps({"model": "demo", "prompt": "x", "frequency_penalty": 2.5}), 400, "frequency_penalty"),
+    (json.dumps({"model": "demo", "prompt": "x", "presence_penalty": "1"}), 400, "presence_penalty"),
+    (json.dumps({"model": "demo", "prompt": "x", "repetition_penalty": 0}), 400, "repetition_penalty"),
+    (json.dumps({"model": "demo", "prompt": "x", "top_k": -2}), 400, "top_k"),
+    (json.dumps({"model": "demo", "prompt": "x", "min_p": 1.5}), 400, "min_p"),
     (json.dumps({"model": "demo", "prompt": "x", "stop": 3}), 400, "stop"),
     (json.dumps({"model": "demo", "prompt": "x", "logprobs": 2}), 400, "logprobs"),
     (json.dumps({"model": "demo", "prompt": "x", "bogus": 1}), 400, "bogus"),
@@ -143,6 +147,15 @@ BAD_BODIES = [
     (json.dumps({"model": "demo", "prompt": {"a": 1}}), 400, "prompt"),
     (json.dumps({"model": "demo", "prompt": "x", "stream_options": {"include_usage": True}}), 400, "stream_options"),
     (json.dumps({"model": "demo", "prompt": "x" * 10_000_000}), 400, "prompt"),
+    # hostile: past Python's 4,300-digit int conversion, nesting past the recursion limit, out-of-range seeds, huge
+    # strings (each a plain 500 before)
+    ('{"model": "demo", "prompt": "x", "max_tokens": ' + "9" * 5000 + "}", 400, "max_tokens"),
+    ('{"model": "demo", "prompt": [' + "7" * 4301 + "]}", 400, "prompt"),
+    ('{"model": "demo", "prompt": ' + "[" * 100_000 + "}", 400, "prompt"),
+    ('{"model": "demo", "prompt": "x", "stop": ' + "[" * 50_000 + "1" + "]" * 50_000 + "}", 400, "stop"),
+    (json.dumps({"model": "demo", "prompt": "x", "seed": 10**30}), 400, "seed"),
+    (json.dumps({"model": "demo", "prompt": "x", "stop": ["y" * 100_000]}), 400, "stop"),
+    (json.dumps({"model": "demo", "prompt": "x", "temperature": [0.5]}), 400, "temperature"),
 ]
 
 
@@ -174,8 +187,8 @@ def test_bad_chat_bodies(server, body, param):
 
 
 def test_the_client_sees_errors_as_exceptions(client):
-    with pytest.raises(openai.BadRequestError, match="n = 1"):
-        client.completions.create(model="demo", prompt="x", n=3)
+    with pytest.raises(openai.BadRequestError, match="n: must be <= 16"):
+        client.completions.create(model="demo", prompt="x", n=30)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
 

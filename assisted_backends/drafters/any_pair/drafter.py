@@ -27,9 +27,10 @@ from assisted_backends.drafters.any_pair.translation import (
 )
 from assisted_backends.drafters.any_pair.vocab_mapping import VocabIntersection, intersection_of
 from assisted_backends.engine.drafter import Drafter, Proposal
+from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector, sample
-from assisted_backends.engine.tokens import TokenBuffer
+from assisted_backends.engine.slots import Slots
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -68,7 +69,7 @@ class TranslatingDrafter(Drafter):
         self._intersection: VocabIntersection | None = None
         self._selector: TokenSelector | None = None
         self._cached: list[int] = []  # draft ids in the runner's cache
-        self._seen = 0  # buffer positions already in self.context
+        self._seen = 0  # columns of the slots already in self.context
         self._prefilled = False
         capacity = getattr(runner.layout, "capacity", None)
         self._max_length = min(x for x in (max_positions, capacity, 1 << 62) if x is not None)
@@ -84,35 +85,44 @@ class TranslatingDrafter(Drafter):
             self._intersection = shared if shared.draft_ids.device == device else shared.to(device)
         return self._intersection
 
-    def prefill(self, buffer: TokenBuffer) -> None:
+    def prefill(self, slots: Slots) -> None:
         self._prefilled = True
-        pad = int(self.runner.layout.pad[0])
+        pad = self.runner.layout.padding.host[0]
         filler = next((i for i in self.draft.special_ids.values() if i is not None), 0)
         self.context.add_filler(filler, pad)
         self._seen = pad
-        self._sync(buffer)
+        self._sync(slots)
         prompt = self.context.ids[:-1]  # the last token stays pending for the first proposal
         if prompt and len(self.context.ids) <= self._max_length:
-            self.runner.forward(torch.tensor([prompt], device=buffer.ids.device), last_only=True)
+            self.runner.forward(torch.tensor([prompt], device=slots.ids.device), last_only=True)
             self._cached = list(prompt)
 
-    def rollback(self, buffer: TokenBuffer) -> None:
-        self._sync(buffer)
+    def rollback(self, slots: Slots) -> None:
+        self._sync(slots)
+
+    def move_rows(self, move: RowMove, slots: Slots) -> None:
+        """One slot (a batch drafts row by row, `drafters.any_pair.rowwise`): its row moved by `move`."""
+        self.shift_columns(move.shifts[0], slots.padding.host[0])
+
+    def insert_row(self, slots: Slots, slot: int, width: int, pad_id: int) -> None:
+        """A joining row needs a drafter of its own: a queue drafts row by row (`drafters.any_pair.rowwise`)."""
+        raise NotImplementedError("a draft of another tokenizer takes a queue's joining rows through RowwiseDrafter")
 
     def shift_columns(self, shift: int, pad: int) -> None:
         """Batches (`drafters.any_pair.rowwise`): this drafter's row moved `shift` columns right in the target's
-        buffer and now has `pad` columns of left padding."""
+        slots and now has `pad` columns of left padding (its one-row cache's own padding: its columns are the
+        draft's, not the slots')."""
         if self._prefilled:
             self._seen = max(self._seen + shift, 0)
         else:
-            self.runner.layout.pad = torch.tensor([pad], device=self.runner.layout.pad.device)
+            self.runner.layout.set_row_pad(0, pad)
 
-    def _sync(self, buffer: TokenBuffer) -> None:
+    def _sync(self, slots: Slots) -> None:
         """Bring the context up to the committed tokens; keep the cache's longest agreeing prefix."""
-        if self._seen == buffer.length and self._cached == self.context.ids[: len(self._cached)]:
+        if self._seen == slots.length and self._cached == self.context.ids[: len(self._cached)]:
             return
-        self.context.extend(buffer.ids[0, self._seen : buffer.length].tolist())
-        self._seen = buffer.length
+        self.context.extend(slots.ids[0, self._seen : slots.length].tolist())
+        self._seen = slots.length
         keep = min(_common_prefix(self._cached, self.context.ids), len(self.context.ids) - 1)
         keep = max(keep, 0)
         self.runner.rollback(keep)
@@ -125,22 +135,20 @@ class TranslatingDrafter(Drafter):
             self._selector = TokenSelector(selector.config)
         return self._selector
 
-    def propose(
-        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> Proposal:
-        if self._seen != buffer.length:  # rounds without drafting committed tokens we have not seen
-            self._sync(buffer)
+    def propose(self, slots: Slots, gamma: int, selector: TokenSelector, generator: torch.Generator | None) -> Proposal:
+        if self._seen != slots.length:  # rounds without drafting committed tokens we have not seen
+            self._sync(slots)
         steps = gamma if selector.do_sample else self.draft_steps_per_token * gamma + 1
         steps = min(steps, self._max_length - len(self.context.ids))
         if not self.context.ids or steps < 1:
             return Proposal(0, None)  # no context to draft from, or the draft's positions are used up
         draft_selector = self._draft_selector(selector)
-        device = buffer.ids.device
+        device = slots.ids.device
         feed = self.context.ids[len(self._cached) :]
         drafted: list[int] = []
         targets: list[int] = []
         distributions = []
-        tail = buffer.ids[0, max(0, buffer.length - self.tail) : buffer.length].tolist()
+        tail = slots.ids[0, max(0, slots.length - self.tail) : slots.length].tolist()
         for _ in range(steps):
             logits = self.runner.forward(torch.tensor([feed], device=device), last_only=True)[:, -1]  # [B, V_d]
             self._cached += feed
@@ -172,6 +180,6 @@ class TranslatingDrafter(Drafter):
             targets = translation.ids[: translation.final] if translation.final else translation.ids
         count = min(len(targets), gamma)
         if count:
-            buffer.ids[0, buffer.length : buffer.length + count] = torch.tensor(targets[:count], device=device)
+            slots.write_draft(slots.length, torch.tensor(targets[:count], device=device), slot=0)
         q = torch.stack(distributions[:count], dim=1) if (selector.do_sample and count) else None  # [B, count, V]
         return Proposal(count, q)

@@ -18,7 +18,7 @@ from assisted_backends.drafters.base import fill_proposal
 from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.sampling import TokenSelector
-from assisted_backends.engine.tokens import TokenBuffer
+from assisted_backends.engine.slots import Slots
 
 
 class RowwiseDrafter(Drafter):
@@ -41,39 +41,37 @@ class RowwiseDrafter(Drafter):
     def forward_count(self) -> int:
         return self.retired_forwards + sum(drafter.forward_count for drafter in self.drafters)
 
-    def prefill(self, buffer: TokenBuffer) -> None:
+    def prefill(self, slots: Slots) -> None:
         self.prefilled = True
         for slot, drafter in enumerate(self.drafters):
-            drafter.prefill(buffer.row_view(slot))
+            drafter.prefill(slots.row_view(slot))
 
-    def insert_row(self, buffer: TokenBuffer, slot: int, width: int, pad_id: int) -> None:
+    def insert_row(self, slots: Slots, slot: int, width: int, pad_id: int) -> None:
         """A joining row gets a drafter of its own, which reads the row's prompt now if the others have read theirs."""
         if self.fresh is None:
             raise NotImplementedError("this draft of another tokenizer was built without a factory for joining rows")
         self.retired_forwards += self.drafters[slot].forward_count
         drafter = self.fresh()
-        drafter.shift_columns(0, buffer.pad[slot])  # not prefilled: sets its padding
+        drafter.shift_columns(0, slots.padding.host[slot])  # not prefilled: sets its padding
         self.drafters[slot] = drafter
         if self.prefilled:
-            drafter.prefill(buffer.row_view(slot))
+            drafter.prefill(slots.row_view(slot))
 
-    def rollback(self, buffer: TokenBuffer) -> None:
+    def rollback(self, slots: Slots) -> None:
         for slot, drafter in enumerate(self.drafters):
-            drafter.rollback(buffer.row_view(slot))
+            drafter.rollback(slots.row_view(slot))
 
-    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
+    def move_rows(self, move: RowMove, slots: Slots) -> None:
         self.drafters = [self.drafters[b] for b in move.kept]
-        for drafter, shift, pad in zip(self.drafters, move.shifts, buffer.pad):
+        for drafter, shift, pad in zip(self.drafters, move.shifts, slots.padding.host):
             drafter.shift_columns(shift, pad)
 
-    def propose(
-        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> Proposal:
+    def propose(self, slots: Slots, gamma: int, selector: TokenSelector, generator: torch.Generator | None) -> Proposal:
         proposals = [
-            drafter.propose(buffer.row_view(b), gamma, selector, generator) for b, drafter in enumerate(self.drafters)
+            drafter.propose(slots.row_view(b), gamma, selector, generator) for b, drafter in enumerate(self.drafters)
         ]
         count = max(proposal.count for proposal in proposals)
         if count == 0:
             return Proposal(0, None)
         written = [proposal.count for proposal in proposals]
-        return fill_proposal(buffer, written, count, self.vocab_size, selector.do_sample, [p.q for p in proposals])
+        return fill_proposal(slots, written, count, self.vocab_size, selector.do_sample, [p.q for p in proposals])

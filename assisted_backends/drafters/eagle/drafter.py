@@ -30,7 +30,7 @@ from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.runner import ModelRunner
 from assisted_backends.engine.sampling import TokenSelector, sample
-from assisted_backends.engine.tokens import TokenBuffer
+from assisted_backends.engine.slots import Slots
 
 
 class EagleDrafter(Drafter):
@@ -63,61 +63,64 @@ class EagleDrafter(Drafter):
         columns = torch.arange(start, start + width, device=pad.device)
         return (columns[None, :] - pad[:, None]).clamp(min=0)  # [B, width]
 
-    def _run(self, buffer: TokenBuffer, start: int, width: int, hidden: torch.Tensor | None) -> torch.Tensor:
-        """Head outputs o [B, width, H] for columns [start, start + width): tokens from the buffer's next columns,
-        hidden states `hidden` [B, width, H] or, when None, fc of the target's features (zero in the padding)."""
+    def _run(
+        self, slots: Slots, start: int, width: int, hidden: torch.Tensor | None, slot: int | None = None
+    ) -> torch.Tensor:
+        """Head outputs o [B, width, H] for columns [start, start + width) of every row (or [1, width, H] of the row at
+        `slot` alone): tokens from the slots' next columns, hidden states `hidden` [B, width, H] or, when None, fc of
+        the target's features (zero in the padding)."""
         cache = self.cache
-        tokens = buffer.ids[:, start + 1 : start + width + 1].clamp(0, self._embedding_rows - 1)  # [B, width]
+        rows = slice(None) if slot is None else slice(slot, slot + 1)
+        pad = cache.pad(slot)  # [B] or [1]
+        tokens = slots.ids[rows, start + 1 : start + width + 1].clamp(0, self._embedding_rows - 1)  # [B, width]
         if hidden is None:
-            features = self.store.values[:, start : start + width]  # [B, width, 3 H_t]
+            features = self.store.values[rows, start : start + width]  # [B, width, 3 H_t]
             columns = torch.arange(start, start + width, device=features.device)
-            outside_pad = (columns[None, :] >= cache.pad[:, None])[..., None]  # [B, width, 1]
+            outside_pad = (columns[None, :] >= pad[:, None])[..., None]  # [B, width, 1]
             hidden = self.head.fuse(torch.where(outside_pad, features, torch.zeros((), dtype=features.dtype)))
         with torch.inference_mode():
-            out = self.head(tokens, hidden, self._positions(start, width, cache.pad), cache.attend_at(start))
+            out = self.head(tokens, hidden, self._positions(start, width, pad), cache.attend_at(start, slot))
         self._forwards += 1
         return out
 
     def _choose(
-        self, buffer: TokenBuffer, column: int, output: torch.Tensor, selector: TokenSelector, generator
+        self, slots: Slots, column: int, output: torch.Tensor, selector: TokenSelector, generator
     ) -> torch.Tensor | None:
         """Write the draft token for `column` from the head output o [B, 1, H]; return its q [B, 1, V] (sampling)."""
         with torch.inference_mode():
             logits = self.head.target_logits(self.head.draft_logits(output), self.vocab_size)  # [B, 1, V]
-        context, rows = buffer.through(column), buffer.row_starts()
+        context, rows = slots.through(column), slots.row_starts()
         if selector.do_sample:
             q = selector.probabilities(logits, context, rows)  # [B, 1, V]
-            buffer.ids[:, column] = sample(q, generator)[:, 0]
+            slots.write_draft(column, sample(q, generator)[:, 0])
             return q
-        buffer.ids[:, column] = selector.greedy(logits, context, rows)[:, 0]
+        slots.write_draft(column, selector.greedy(logits, context, rows)[:, 0])
         return None
 
     # --- the Drafter protocol ---------------------------------------------------------------------------------
 
-    def prefill(self, buffer: TokenBuffer) -> None:
+    def prefill(self, slots: Slots) -> None:
         """Allocate the head's cache and run it over the committed columns the target has features for."""
         if self.store.missing is not None:
             return
         head = self.head
         self.cache = HeadCache(
-            buffer.ids.shape[0], head.config.num_key_value_heads, head.config.attention_head_dim, buffer.capacity,
-            buffer.pad_tensor(), self.static_shapes, head.compute_dtype, head.compute_device,
+            slots.ids.shape[0], head.config.num_key_value_heads, head.config.attention_head_dim, slots.capacity,
+            slots.padding, self.static_shapes, head.compute_dtype, head.compute_device,
         )  # fmt: skip
         self.exact = 0
-        end = buffer.length - 1
+        end = slots.length - 1
         if end > 0:
-            self._last = self._run(buffer, 0, end, None)[:, -1:]  # o_{L−2}: the first proposal starts from it
+            self._last = self._run(slots, 0, end, None)[:, -1:]  # o_{L−2}: the first proposal starts from it
             self.cache.length = self.exact = end
 
-    def propose(
-        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> Proposal:
+    def propose(self, slots: Slots, gamma: int, selector: TokenSelector, generator: torch.Generator | None) -> Proposal:
         if self.store.missing is not None:  # no features: the draft stops, the call goes on (it only changes speed)
-            self.stopped = f"drafting stopped after {buffer.length} columns: {self.store.missing}"
+            self.stopped = f"drafting stopped after {slots.length} columns: {self.store.missing}"
             if not self.static_shapes:
                 return Proposal(0)
-            return fill_proposal(buffer, [0] * buffer.ids.shape[0], gamma, self.vocab_size, selector.do_sample)
-        length = buffer.length  # L
+            return fill_proposal(slots, [0] * slots.ids.shape[0], gamma, self.vocab_size, selector.do_sample)
+        length = slots.length  # L
         if self.target.length < length - 1:
             raise RuntimeError(f"the target has features for {self.target.length} columns, the head needs {length - 1}")
         start = self.cache.length  # c
@@ -128,30 +131,41 @@ class EagleDrafter(Drafter):
                 if width > gamma + 1:
                     raise RuntimeError(f"static shapes: an EAGLE catch-up of {width} columns > γ + 1 = {gamma + 1}")
                 fed = gamma + 1  # columns past L − 1 are filler: overwritten before anything reads them
-            self._last = self._run(buffer, start, fed, None)[:, width - 1 : width]
+            self._last = self._run(slots, start, fed, None)[:, width - 1 : width]
             self.cache.length = self.exact = length - 1
         hidden = self._last  # o_{L−2} [B, 1, H]
         distributions = []
         for i in range(gamma):
-            q = self._choose(buffer, length + i, hidden, selector, generator)
+            q = self._choose(slots, length + i, hidden, selector, generator)
             if q is not None:
                 distributions.append(q)
             if i + 1 < gamma:  # feed (x_{i+1}, o) at column L − 1 + i
-                hidden = self._run(buffer, length - 1 + i, 1, hidden)
+                hidden = self._run(slots, length - 1 + i, 1, hidden)
                 self.cache.length = length + i
         return Proposal(gamma, torch.cat(distributions, dim=1) if distributions else None)
 
-    def rollback(self, buffer: TokenBuffer) -> None:
+    def rollback(self, slots: Slots) -> None:
         """Keep the columns computed from the target's features; the self-fed ones are recomputed."""
         if self.cache is not None:
-            self.cache.length = min(self.cache.length, self.exact, buffer.length - 1)
+            self.cache.length = min(self.cache.length, self.exact, slots.length - 1)
 
-    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
+    def move_rows(self, move: RowMove, slots: Slots) -> None:
         """Batches: features and the head's cache move with the rows (`engine.realign`)."""
         self.store.move_rows(move)
         if self.cache is None:
             return
         kept = min(self.cache.length, self.exact)
-        kept = max(0, min(buffer.length - 1, kept + min(move.shifts)))
-        self.cache.move_rows(move, buffer.pad_tensor(), kept)
+        kept = max(0, min(slots.length - 1, kept + min(move.shifts)))
+        self.cache.move_rows(move, kept)
         self.exact = kept
+
+    def insert_row(self, slots: Slots, slot: int, width: int, pad_id: int) -> None:
+        """Queues: the target's one-row pass over the joining prompt handed its features over (`FeatureStore.
+        capture_row`); the head's cache takes the row's columns [pad, c) that every other row holds (c: the cache's
+        length) from one head pass over the row alone. Between rounds c < L − 1, so the next proposal's catch-up
+        computes the rest, o_{L−2} included, for every row; before the head's first prefill there is nothing to do."""
+        cache = self.cache
+        if cache is None or cache.length <= slots.padding.host[slot]:
+            return
+        pad = slots.padding.host[slot]
+        self._run(slots, pad, cache.length - pad, None, slot)

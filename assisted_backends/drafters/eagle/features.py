@@ -4,7 +4,7 @@ decoder's own copy of them.
 `LayerTap` keeps the residual stream entering three decoder layers (index k = L: the last layer's output)
 during one forward, and concatenates them low, middle, high: the [B, q, 3 H_t] features of the fed
 positions. On transformers' modeling, hooks on the decoder layers catch them; a target stepped by the native
-decoder (`quantized.native_decoder.NativeCausalLM`, whose layers are one C++ call) hands out the same states from
+decoder (`native.decoder_model.NativeCausalLM`, whose layers are one C++ call) hands out the same states from
 that call (`capturing_hidden_states`), so an EAGLE head drafts for the native step itself.
 
 `FeatureStore` is the hand-over to the drafter: the target's `ModelRunner` enters `store.capture(start)` around
@@ -74,7 +74,7 @@ class LayerTap:
 
 
 class FeatureStore:
-    """The target's features by buffer column: `values` [B, columns, 3 H_t], written by the target's runner.
+    """The target's features by column of the slots: `values` [B, columns, 3 H_t], written by the target's runner.
 
     Allocated at the first forward (its rows are the batch) and grown by doubling when a forward writes past
     its end (a static cache's capacity is known up front: `capacity`)."""
@@ -85,28 +85,48 @@ class FeatureStore:
         self.values: torch.Tensor | None = None
         self.missing: str | None = None  # why a forward handed nothing over (a graph replay runs no hooks)
 
-    def _reserve(self, features: torch.Tensor, end: int) -> torch.Tensor:
+    def _reserve(self, batch: int, end: int, like: torch.Tensor) -> torch.Tensor:
+        """`values` with `batch` rows and at least `end` columns (allocated like `like` [., ., 3 H_t], or grown)."""
         values = self.values
-        if values is None or values.shape[0] != features.shape[0]:
+        if values is None or values.shape[0] != batch:
             columns = max(end, self.capacity)
-            self.values = features.new_zeros(features.shape[0], columns, features.shape[2])
+            self.values = like.new_zeros(batch, columns, like.shape[2])
         elif end > values.shape[1]:
             grown = values.new_zeros(values.shape[0], max(end, 2 * values.shape[1]), values.shape[2])
             grown[:, : values.shape[1]] = values
             self.values = grown
         return self.values
 
+    def _captured(self, captured: dict[int, torch.Tensor]) -> torch.Tensor | None:
+        """[B, q, 3 H_t] the features of one forward, or None (and `missing` says why) where the hooks did not run."""
+        if len(captured) < len(set(self.tap.layers)):
+            self.missing = "the target's forward ran without its decoder layers' hooks (a captured graph?)"
+            return None
+        return self.tap.features(captured)
+
     @contextmanager
     def capture(self, start: int) -> Iterator[None]:
         """Around one target forward that feeds columns [start, start + q): keep their features."""
         with self.tap.capture() as captured:
             yield
-        if len(captured) < len(set(self.tap.layers)):
-            self.missing = "the target's forward ran without its decoder layers' hooks (a captured graph?)"
+        features = self._captured(captured)  # [B, q, 3 H_t]
+        if features is not None:
+            end = start + features.shape[1]
+            self._reserve(features.shape[0], end, features)[:, start:end] = features
+
+    @contextmanager
+    def capture_row(self, slot: int, start: int) -> Iterator[None]:
+        """Around a one-row forward (a queue's joining prompt, `engine.joins`) whose positions are the columns
+        [start, start + q) of the row at `slot`: keep their features there (those before column 0 are padding)."""
+        with self.tap.capture() as captured:
+            yield
+        features = self._captured(captured)  # [1, q, 3 H_t]
+        if features is None or self.values is None:
             return
-        features = self.tap.features(captured)  # [B, q, 3 H_t]
+        skip = max(0, -start)
         end = start + features.shape[1]
-        self._reserve(features, end)[:, start:end] = features
+        with torch.inference_mode():  # as `capture`'s writes, inside the forward's inference mode
+            self._reserve(self.values.shape[0], end, features)[slot, start + skip : end] = features[0, skip:]
 
     def move_rows(self, move: RowMove) -> None:
         """Batches (`engine.realign`): the rows moved; their features move with them."""

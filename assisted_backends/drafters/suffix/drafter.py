@@ -27,8 +27,8 @@ from assisted_backends.drafters.suffix.cache import MATCH_WINDOW, NO_CONTINUATIO
 from assisted_backends.engine.drafter import Drafter, Proposal
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.sampling import TokenSelector
+from assisted_backends.engine.slots import Slots
 from assisted_backends.engine.token_tree import TokenTree
-from assisted_backends.engine.tokens import TokenBuffer
 
 DEFAULT_SPEC_FACTOR = 1.0  # tokens proposed per matched token (the match length scales the speculation)
 DEFAULT_MIN_PROBABILITY = 0.1  # SuffixDecoding's and vLLM's default
@@ -95,14 +95,14 @@ class SuffixDrafter(Drafter):
     def forward_count(self) -> int:
         return 0
 
-    def prefill(self, buffer: TokenBuffer) -> None:
-        self.rows = [_Row() for _ in range(buffer.ids.shape[0])]
-        self._catch_up(buffer)
+    def prefill(self, slots: Slots) -> None:
+        self.rows = [_Row() for _ in range(slots.ids.shape[0])]
+        self._catch_up(slots)
 
-    def rollback(self, buffer: TokenBuffer) -> None:
+    def rollback(self, slots: Slots) -> None:
         return None  # only committed tokens are ever indexed
 
-    def move_rows(self, move: RowMove, buffer: TokenBuffer) -> None:
+    def move_rows(self, move: RowMove, slots: Slots) -> None:
         """Follow the kept rows; a row kept twice (a live queue's batch growing by copies of row 0) gets a state of
         its own, which the prompt joining there replaces (`insert_row`)."""
         kept, seen = [], set()
@@ -111,27 +111,27 @@ class SuffixDrafter(Drafter):
             seen.add(b)
         self.rows = kept
 
-    def insert_row(self, buffer: TokenBuffer, slot: int, width: int, pad_id: int) -> None:
+    def insert_row(self, slots: Slots, slot: int, width: int, pad_id: int) -> None:
         self.rows[slot] = _Row()  # its prompt is read at the next proposal, with its first token
 
-    def _catch_up(self, buffer: TokenBuffer) -> None:
+    def _catch_up(self, slots: Slots) -> None:
         """Index every row's tokens committed since the last round."""
         for b, row in enumerate(self.rows):
-            begin = buffer.pad[b] + row.seen
-            if begin < buffer.length:
-                for token in buffer.ids[b, begin : buffer.length].tolist():
+            begin = slots.padding.host[b] + row.seen
+            if begin < slots.length:
+                for token in slots.ids[b, begin : slots.length].tolist():
                     row.index.extend(token)
 
     def limit(self, gamma: int) -> Callable[[int], int]:
         """Tokens proposed after a match of m tokens: min(γ, ⌈factor·m⌉), at least one."""
         return lambda matched: max(1, min(gamma, math.ceil(self.spec_factor * matched)))
 
-    def matches(self, buffer: TokenBuffer) -> bool:
+    def matches(self, slots: Slots) -> bool:
         """Whether every row has a proposal now (`drafters.eagle.combined`: the suffix match first, else the head)."""
         if not self.rows:
-            self.prefill(buffer)
-        self._catch_up(buffer)
-        return all(self.choose(row, buffer.capacity, count=False).tokens for row in self.rows)
+            self.prefill(slots)
+        self._catch_up(slots)
+        return all(self.choose(row, slots.capacity, count=False).tokens for row in self.rows)
 
     def choose(self, row: _Row, gamma: int, count: bool = True) -> Continuation:
         """The row's proposal: the longer match of its own tokens and the cache (a tie: its own)."""
@@ -148,21 +148,19 @@ class SuffixDrafter(Drafter):
             self.rounds["cache" if from_cache else ("own" if own.tokens else "none")] += 1
         return cached if from_cache else own
 
-    def propose(
-        self, buffer: TokenBuffer, gamma: int, selector: TokenSelector, generator: torch.Generator | None
-    ) -> Proposal:
-        self._catch_up(buffer)
-        start = buffer.length
-        room = buffer.capacity - start
+    def propose(self, slots: Slots, gamma: int, selector: TokenSelector, generator: torch.Generator | None) -> Proposal:
+        self._catch_up(slots)
+        start = slots.length
+        room = slots.capacity - start
         chosen = [self.choose(row, gamma) for row in self.rows]
         found = [continuation.tokens[:room] for continuation in chosen]
         count = min(gamma, room) if self.fixed_length else max(len(tokens) for tokens in found)
         for b, tokens in enumerate(found):
             if tokens:
-                buffer.ids[b, start : start + len(tokens)] = torch.tensor(tokens, dtype=buffer.ids.dtype)
+                slots.write_draft(start, torch.tensor(tokens, dtype=slots.ids.dtype), slot=b)
         written = [len(tokens) for tokens in found]
         self.proposed += count
-        proposal = fill_proposal(buffer, written, count, self.vocab_size, selector.do_sample)
+        proposal = fill_proposal(slots, written, count, self.vocab_size, selector.do_sample)
         if self.token_trees and len(self.rows) == 1 and not self.fixed_length and found[0]:
             chain_expected = sum(chosen[0].probabilities[: len(found[0])])
             grown = self.tree(self.rows[0], found[0], min(gamma, room))

@@ -1,19 +1,18 @@
 // Attention one query row at a time, in one fixed order of fp32 operations: batch-invariant by construction.
 //
-// For query row (b, h, m) over the keys it attends (t < L_m and mask[b, m, t]):
-//   s_t = (q · k_t) · scale          q · k_t: 8 lanes over d (lane i sums d ≡ i mod 8, d ascending), then a fixed tree
-//   p_t = exp(s_t − max_t s_t)       one polynomial exp (no library call, no FMA)
-//   o   = Σ_t (p_t / Σ_t p_t) · v_t  t ascending; Σ_t p_t: 8 lanes over t, then the same fixed tree
-// Nothing depends on how many rows share the call, so a verify pass over M rows returns, row by row, what M
-// one-token steps return. Query head h reads key/value head h / (H / H_kv) (grouped-query attention).
-// The vector path (AVX2) and the scalar path compute the same operations in the same order: the row's arithmetic
-// lives in row_math.h, which the native decoder's attention (decoder/attention.h) runs too.
+// For query row (b, h, m) over the keys it attends (t < L_m and mask[b, m, t]): softmax_t(q · k_t · scale) v_t in
+// chunk_attention.h's arithmetic (fixed chunks of the row's keys, each with its own max, sum and weighted sum of
+// V, combined in chunk order), which the native step's attention on its cache (cache_attention.cpp) runs too, so
+// both attend alike bit for bit. Nothing depends on how many rows share the call, so a verify pass over M rows
+// returns, row by row, what M one-token steps return. Query head h reads key/value head h / (H / H_kv)
+// (grouped-query attention; the mask may differ by head here, so each head is read alone).
+// The vector path (AVX2) and the scalar path compute the same operations in the same order.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "chunk_attention.h"
 #include "cpu_features.h"
-#include "row_math.h"
 #include "tile_pool.h"
 
 #include <algorithm>
@@ -26,11 +25,7 @@
 
 namespace {
 
-using ab_math::Row;
-using ab_math::row_avx2;
-using ab_math::row_scalar;
-
-bool has_avx2() { return ab_cpu::has(ab_cpu::features(), ab_cpu::kAvx2 | ab_cpu::kFma); }
+bool has_avx2() { return ab_cpu::has(ab_cpu::features(), ab_cpu::kAvx2 | ab_cpu::kFma | ab_cpu::kF16c); }
 
 // q [B, H, M, D], k / v [B, Hkv, T, D], mask bool [B, 1 or H, M, T] or undefined, lengths int64 [M] (keys t < L_m).
 // Returns [B, M, H, D].
@@ -77,7 +72,6 @@ at::Tensor row_attention(const at::Tensor& query, const at::Tensor& key, const a
   std::atomic<int64_t> next{0};
   auto job = [&]() {
     std::vector<int64_t> keys;
-    std::vector<float> p(std::max<int64_t>(t, 1));
     for (int64_t bh; (bh = next.fetch_add(1, std::memory_order_relaxed)) < pairs;) {
       const int64_t bi = bh / h, hi = bh % h, kv = hi / group;
       for (int64_t mi = 0; mi < m; ++mi) {
@@ -92,12 +86,10 @@ at::Tensor row_attention(const at::Tensor& query, const at::Tensor& key, const a
           std::fill(o, o + d, 0.0f);
           continue;
         }
-        const Row row{qp + ((bi * h + hi) * m + mi) * d, kp + (bi * hkv + kv) * t * d, vp + (bi * hkv + kv) * t * d, o, d, scale_f};
-        if (vector) {
-          row_avx2(row, keys, p);
-        } else {
-          row_scalar(row, keys, p);
-        }
+        const float* row_q = qp + ((bi * h + hi) * m + mi) * d;
+        const int64_t offset = (bi * hkv + kv) * t * d;
+        const ab_chunk::Cache cache{kp + offset, vp + offset, ab_chunk::Storage::kFloat};
+        ab_chunk::row(&row_q, 1, cache, keys.data(), int64_t(keys.size()), d, scale_f, vector, &o);
       }
     }
   };

@@ -1,6 +1,6 @@
-// The fp32 arithmetic the package's two native libraries share, in one place: the kernels' library (row_attention.cpp,
-// block_kernels.cpp) and the native decoder (decoder/decoder.cpp, decoder/attention.h) include this header, and
-// both build keys hash it (native/extension.py HEADERS, native/decoder_build.py), so the two cannot drift apart.
+// The fp32 arithmetic the package's two native libraries share, in one place: the kernels' library (block_kernels.cpp,
+// chunk_attention.h) and the native decoder (decoder/decoder.cpp) include this header, and both build keys hash it
+// (native/extension.py HEADERS, native/decoder_build.py), so the two cannot drift apart.
 //
 //   half_to_float(h)   fp16 -> fp32, exact (every fp16 value is an fp32 value)
 //   exp(x)             x = n ln2 + r (ln2 in two parts), |r| ≤ ln2 / 2, e^r by a degree-6 polynomial (Horner),
@@ -8,8 +8,7 @@
 //                      separate multiplies and adds (the files are built with -ffp-contract=off: no FMA)
 //   tree8(a)           ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)): how 8 lanes become one sum
 //   dot(q, k)          lane i sums q_j k_j for j ≡ i (mod 8), j ascending; then tree8
-//   attention row      s_t = dot(q, k_t) · scale; p_t = exp(s_t − max s); o = Σ_t (p_t / Σ p) v_t, t ascending,
-//                      Σ p in 8 lanes over t (lane t mod 8), then tree8
+//                      (an attention row in chunks of its keys: chunk_attention.h)
 // The AVX2 bodies compute the same operations in the same order as the scalar ones (a vector of 8 is the 8 lanes),
 // so a row's bits do not depend on the path, nor on how many rows share a call.
 #pragma once
@@ -112,110 +111,6 @@ AB_MATH_AVX2 inline float dot_avx2(const float* q, const float* k, int64_t d) { 
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < d; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i)));
   return tree8_avx(acc);
-}
-
-// ---- one attention row ---------------------------------------------------------------------------------------
-
-// One query row over the keys listed in `keys` (indices into k / v, ascending).
-struct Row {
-  const float* q;
-  const float* k;  // [T, D] of this row's key/value head
-  const float* v;
-  float* out;      // [D]
-  int64_t d;
-  float scale;
-};
-
-inline void row_scalar(const Row& row, const std::vector<int64_t>& keys, std::vector<float>& p) {
-  const int64_t count = int64_t(keys.size());
-  float top = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < count; ++i) {
-    p[i] = dot_scalar(row.q, row.k + keys[i] * row.d, row.d) * row.scale;
-    top = std::max(top, p[i]);
-  }
-  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int64_t i = 0; i < count; ++i) {
-    p[i] = exp_scalar(p[i] - top);
-    lanes[i % 8] = lanes[i % 8] + p[i];
-  }
-  const float total = tree8(lanes);
-  for (int64_t j = 0; j < row.d; ++j) row.out[j] = 0.0f;
-  for (int64_t i = 0; i < count; ++i) {
-    const float weight = p[i] / total;
-    const float* v = row.v + keys[i] * row.d;
-    for (int64_t j = 0; j < row.d; ++j) row.out[j] = row.out[j] + weight * v[j];
-  }
-}
-
-// o = Σ_t (p_t / total) · v_t, t ascending for every element (CHUNKS = D / 8 accumulators; 0: any D, in memory).
-template <int CHUNKS>
-AB_MATH_AVX2 void weighted_sum(const Row& row, const std::vector<int64_t>& keys, const std::vector<float>& p, float total) {
-  const int64_t count = int64_t(keys.size());
-  if (CHUNKS == 0) {
-    for (int64_t j = 0; j < row.d; j += 8) _mm256_storeu_ps(row.out + j, _mm256_setzero_ps());
-    for (int64_t t = 0; t < count; ++t) {
-      const __m256 weight = _mm256_set1_ps(p[t] / total);
-      const float* v = row.v + keys[t] * row.d;
-      for (int64_t j = 0; j < row.d; j += 8)
-        _mm256_storeu_ps(row.out + j, _mm256_add_ps(_mm256_loadu_ps(row.out + j), _mm256_mul_ps(weight, _mm256_loadu_ps(v + j))));
-    }
-    return;
-  }
-  __m256 acc[CHUNKS > 0 ? CHUNKS : 1];
-  for (int c = 0; c < CHUNKS; ++c) acc[c] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < count; ++t) {
-    const __m256 weight = _mm256_set1_ps(p[t] / total);
-    const float* v = row.v + keys[t] * row.d;
-    for (int c = 0; c < CHUNKS; ++c) acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(weight, _mm256_loadu_ps(v + 8 * c)));
-  }
-  for (int c = 0; c < CHUNKS; ++c) _mm256_storeu_ps(row.out + 8 * c, acc[c]);
-}
-
-// The row on AVX2 (d % 8 == 0): the scalar row's operations, eight lanes at once.
-AB_MATH_AVX2 inline void row_avx2(const Row& row, const std::vector<int64_t>& keys, std::vector<float>& p) {
-  const int64_t count = int64_t(keys.size());
-  float top = -std::numeric_limits<float>::infinity();
-  int64_t i = 0;
-  for (; i + 4 <= count; i += 4) {  // four keys at once: four independent chains, each in the order of dot_avx2
-    const float* k0 = row.k + keys[i] * row.d;
-    const float* k1 = row.k + keys[i + 1] * row.d;
-    const float* k2 = row.k + keys[i + 2] * row.d;
-    const float* k3 = row.k + keys[i + 3] * row.d;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t j = 0; j < row.d; j += 8) {
-      const __m256 qj = _mm256_loadu_ps(row.q + j);
-      a0 = _mm256_add_ps(a0, _mm256_mul_ps(qj, _mm256_loadu_ps(k0 + j)));
-      a1 = _mm256_add_ps(a1, _mm256_mul_ps(qj, _mm256_loadu_ps(k1 + j)));
-      a2 = _mm256_add_ps(a2, _mm256_mul_ps(qj, _mm256_loadu_ps(k2 + j)));
-      a3 = _mm256_add_ps(a3, _mm256_mul_ps(qj, _mm256_loadu_ps(k3 + j)));
-    }
-    p[i] = tree8_avx(a0) * row.scale;
-    p[i + 1] = tree8_avx(a1) * row.scale;
-    p[i + 2] = tree8_avx(a2) * row.scale;
-    p[i + 3] = tree8_avx(a3) * row.scale;
-  }
-  for (; i < count; ++i) p[i] = dot_avx2(row.q, row.k + keys[i] * row.d, row.d) * row.scale;
-  for (i = 0; i < count; ++i) top = std::max(top, p[i]);
-  __m256 sums = _mm256_setzero_ps();
-  for (i = 0; i + 8 <= count; i += 8) {
-    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(p.data() + i), _mm256_set1_ps(top)));
-    _mm256_storeu_ps(p.data() + i, e);
-    sums = _mm256_add_ps(sums, e);
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sums);
-  for (; i < count; ++i) {  // the tail: lane i % 8, as the scalar path
-    p[i] = exp_scalar(p[i] - top);
-    lanes[i % 8] = lanes[i % 8] + p[i];
-  }
-  const float total = tree8(lanes);
-  switch (row.d) {  // accumulators in registers for the common head sizes
-    case 32: weighted_sum<4>(row, keys, p, total); break;
-    case 64: weighted_sum<8>(row, keys, p, total); break;
-    case 96: weighted_sum<12>(row, keys, p, total); break;
-    case 128: weighted_sum<16>(row, keys, p, total); break;
-    default: weighted_sum<0>(row, keys, p, total);
-  }
 }
 
 }  // namespace ab_math

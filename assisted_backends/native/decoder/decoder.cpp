@@ -6,8 +6,10 @@
 //     x     = RMSNorm(h; w_in)                                      Σ x² in 8 lanes over d, then a fixed tree
 //     q,k,v = x W_qkvᵀ (+ b)                                        block_linear (one fused call or three)
 //     q,k   = RMSNorm per head (Qwen3) ; rotary(p)                  q·cos + rotate_half(q)·sin, no FMA
-//     K[l, b, :, s0 + m] = k ; V[...] = v                           the row's own preallocated cache
-//     a     = Σ_t softmax_t(q · K_t · scale) V_t                    attention.h: keys t < s0 + m + 1, t ascending
+//     K[l, b, :, s0 + m] = k ; V[...] = v                           the row's own preallocated cache (fp32, or
+//                                                                   rounded to fp16 / bf16: a half cache)
+//     a     = Σ_t softmax_t(q · K_t · scale) V_t                    cache_attention: keys t < s0 + m + 1, in fixed
+//                                                                   chunks of the key list, combined in order
 //     h     = h + a W_oᵀ
 //     x     = RMSNorm(h; w_post)
 //     h     = h + (SiLU(x W_gᵀ) · x W_uᵀ) W_dᵀ                      SiLU(g) = g / (1 + exp(−g)), one polynomial exp
@@ -16,16 +18,17 @@
 // features an EAGLE head drafts from, out of the same call.
 // Every op computes a row alone in one fixed order of fp32 operations (built with -ffp-contract=off), and the
 // linear kernel (block_linear, reached through the dispatcher) is batch-invariant, so a verify pass over M rows
-// returns, row by row, what M one-token steps return. The kernel runs its own threads; attention (attention.h,
-// the row-attention kernel's arithmetic on the cache in place) and the ops between are a few KB a row, done on the
-// calling thread for a step or a verify pass and in parallel over rows only for a long prefill.
+// returns, row by row, what M one-token steps return. The kernels run their own threads: block_linear and the
+// attention (cache_attention, csrc/chunk_attention.h: the row-attention kernel's arithmetic on the cache in place,
+// split over key chunks at any context length), both reached through the dispatcher; the ops between are a few KB
+// a row, done on the calling thread for a step or a verify pass and in parallel over rows only for a long prefill.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <immintrin.h>
 
 #include "../csrc/block_layout.h"
-#include "attention.h"
+#include "../csrc/row_math.h"
 
 #include <algorithm>
 #include <chrono>
@@ -41,6 +44,8 @@ using OptTensor = std::optional<at::Tensor>;
 using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
                             const OptTensor&, const OptTensor&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                             int64_t);
+using AttentionFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&, int64_t,
+                               int64_t, double, int64_t);
 
 constexpr int kTile = 16;
 
@@ -199,6 +204,20 @@ inline void rotate(const float* x, const float* cos, const float* sin, int64_t d
   for (int64_t i = half; i < d; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
+// Row x [d] fp32 into slot `slot` of a cache of type `stored` (fp16 / bf16: rounded to nearest even, as torch's
+// .half() / .bfloat16()).
+inline void store_row(const float* x, int64_t d, at::ScalarType stored, char* cache, int64_t slot) {
+  if (stored == at::kFloat) {
+    std::memcpy(reinterpret_cast<float*>(cache) + slot, x, d * sizeof(float));
+  } else if (stored == at::kHalf) {
+    at::Half* out = reinterpret_cast<at::Half*>(cache) + slot;
+    for (int64_t i = 0; i < d; ++i) out[i] = at::Half(x[i]);
+  } else {
+    at::BFloat16* out = reinterpret_cast<at::BFloat16*>(cache) + slot;
+    for (int64_t i = 0; i < d; ++i) out[i] = at::BFloat16(x[i]);
+  }
+}
+
 // Rows [begin, end) of work that costs `cost` a row: serial below ~16 M operations (a step, a verify pass, a short
 // prefill: a fork-join region on a busy core costs a timeslice), in parallel over rows above.
 template <typename F>
@@ -229,6 +248,8 @@ class Decoder {
     if (embedding_.codes.defined() || embedding_.n != 0) check_linear(embedding_, "the embedding table", 0, hidden);
     check_linear(head_, "the LM head", 0, hidden);
     linear_.emplace(c10::Dispatcher::singleton().findSchemaOrThrow("assisted_backends::block_linear", "").typed<LinearFn>());
+    attention_.emplace(
+        c10::Dispatcher::singleton().findSchemaOrThrow("assisted_backends::cache_attention", "").typed<AttentionFn>());
   }
 
   void add_layer(std::vector<Linear> qkv, Linear o, std::vector<Linear> gate_up, Linear down, at::Tensor input_norm,
@@ -289,7 +310,8 @@ class Decoder {
     return least;
   }
 
-  // tokens, positions [B, M]; keys / values per layer [B, Hkv, C, Dh]; mask [B, 1, 1, C] bool or none;
+  // tokens, positions [B, M]; keys / values per layer [B, Hkv, C, Dh] fp32, fp16 or bf16 (one type for all);
+  // mask [B, 1, 1, C] bool or none;
   // embedded [B·M, D]: the rows' embeddings where the caller computed them (else the embedding table's rows).
   // taps [J, B·M, D] fp32 (or none): taps[j] receives every row's residual stream h entering layer tap_layers[j]
   // (tap_layers[j] = L: the last layer's output, before the final norm), what an EAGLE head reads as features.
@@ -303,14 +325,17 @@ class Decoder {
     const int64_t B = tokens.size(0), M = tokens.size(1), R = B * M, D = hidden_, Dh = head_dim_;
     const int64_t H = heads_, Hkv = kv_heads_, I = intermediate_;
     TORCH_CHECK(R > 0, "decoder: no rows");
-    // each layer's keys and values written and read in place: [B, Hkv, C, Dh] fp32, contiguous, one C for all
+    // each layer's keys and values written and read in place: [B, Hkv, C, Dh], contiguous, one C and one type for all
     const int64_t C = keys[0].dim() == 4 ? keys[0].size(2) : -1;
+    const at::ScalarType stored = keys[0].defined() ? keys[0].scalar_type() : at::kFloat;
+    TORCH_CHECK(stored == at::kFloat || stored == at::kHalf || stored == at::kBFloat16,
+                "decoder: the cache must be float32, float16 or bfloat16, got ", stored);
     for (int64_t l = 0; l < layers(); ++l) {
       for (const at::Tensor* t : {&keys[l], &values[l]}) {
         TORCH_CHECK(t->defined() && t->dim() == 4 && t->size(0) == B && t->size(1) == Hkv && t->size(2) == C &&
-                        t->size(3) == Dh && t->scalar_type() == at::kFloat && t->is_contiguous(),
-                    "decoder: layer ", l, "'s cache must be contiguous fp32 [", B, ", ", Hkv, ", C, ", Dh,
-                    "] with one C for every layer, got ", t->defined() ? t->sizes() : at::IntArrayRef{});
+                        t->size(3) == Dh && t->scalar_type() == stored && t->is_contiguous(),
+                    "decoder: layer ", l, "'s cache must be contiguous ", stored, " [", B, ", ", Hkv, ", C, ", Dh,
+                    "] with one C and one type for every layer, got ", t->defined() ? t->sizes() : at::IntArrayRef{});
       }
     }
     float* tapp = nullptr;
@@ -364,9 +389,7 @@ class Decoder {
       TORCH_CHECK(mask->numel() == B * capacity, "decoder: the mask must be [B, 1, 1, C]");
       allowed = mask->to(at::kBool).contiguous();
     }
-    const bool* allowed_p = allowed.defined() ? allowed.data_ptr<bool>() : nullptr;
-    at::Tensor attended = at::empty({R, H * Dh}, at::kFloat);
-    const bool vector = isa != 0 && Dh % 8 == 0;
+    const OptTensor allowed_opt = allowed.defined() ? OptTensor(allowed.view({B, capacity})) : std::nullopt;
     for (int64_t l = 0; l < layers(); ++l) {
       const Layer& layer = layers_[l];
       if (tapp) tap(l, hp);
@@ -385,12 +408,12 @@ class Decoder {
         qs = outs[0].data_ptr<float>(); ks = outs[1].data_ptr<float>(); vs = outs[2].data_ptr<float>();
         qstride = outs[0].size(1); kstride = outs[1].size(1); vstride = outs[2].size(1);
       }
-      float* kc = keys[l].data_ptr<float>();
-      float* vc = values[l].data_ptr<float>();
+      char* kc = static_cast<char*>(keys[l].data_ptr());
+      char* vc = static_cast<char*>(values[l].data_ptr());
       const float* qn = layer.q_norm ? layer.q_norm->data_ptr<float>() : nullptr;
       const float* kn = layer.k_norm ? layer.k_norm->data_ptr<float>() : nullptr;
       over_rows(R, (H + 2 * Hkv) * Dh * 2, [&](int64_t r0, int64_t r1) {
-        std::vector<float> tmp(Dh);
+        std::vector<float> tmp(Dh), rotated(Dh);
         for (int64_t r = r0; r < r1; ++r) {
           const int64_t b = r / M, m = r % M, p = pp[r];
           const float* c = cosp + p * Dh;
@@ -404,15 +427,16 @@ class Decoder {
             const float* src = ks + r * kstride + hh * Dh;
             if (kn) { rms_norm(src, kn, Dh, eps_, tmp.data()); src = tmp.data(); }
             const int64_t slot = ((b * Hkv + hh) * capacity + start + m) * Dh;
-            rotate(src, c, s, Dh, kc + slot);
-            std::memcpy(vc + slot, vs + r * vstride + hh * Dh, Dh * sizeof(float));
+            rotate(src, c, s, Dh, rotated.data());
+            store_row(rotated.data(), Dh, stored, kc, slot);
+            store_row(vs + r * vstride + hh * Dh, Dh, stored, vc, slot);
           }
         }
       });
       outs.clear();
       const auto attention_began = Clock::now();
-      native_attention::attend(qp, kc, vc, attended.data_ptr<float>(), B, H, Hkv, M, Dh, capacity, start, layer.window,
-                               allowed_p, float(scale_), vector);  // [B, M, H, Dh]
+      const at::Tensor attended = attention_->call(q, keys[l], values[l], allowed_opt, start, layer.window, scale_, isa)
+                                      .view({R, H * Dh});  // [B, M, H, Dh]
       attention_ns_ += elapsed(attention_began);
       add_block(hp, run(layer.o, attended, isa), layer.attention_out_norm, R, D);
       norm_rows(hp, layer.mlp_norm.data_ptr<float>(), R, D, xp);
@@ -494,6 +518,7 @@ class Decoder {
   std::vector<Layer> layers_;
   int64_t linear_ns_ = 0, attention_ns_ = 0, total_ns_ = 0, steps_ = 0;
   std::optional<c10::TypedOperatorHandle<LinearFn>> linear_;
+  std::optional<c10::TypedOperatorHandle<AttentionFn>> attention_;
 };
 
 Linear no_linear() { return Linear(); }

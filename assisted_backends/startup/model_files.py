@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assisted_backends.cli import machine
-from assisted_backends.cli.errors import CLIError
 from assisted_backends.loading import files
+from assisted_backends.startup import machine
+from assisted_backends.startup.errors import CLIError
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.safetensors.index.json", "*.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")

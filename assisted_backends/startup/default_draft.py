@@ -1,13 +1,13 @@
-"""The CLI's model choice: the draft the seed scripts pair with each target family when none is given, and where
-none suits or none is on this machine, suffix decoding (no draft model) instead (no torch at import: `preflight`
-decides before anything loads)."""
+"""The draft the seed scripts pair with each target family when none is given, and where none suits or none is on
+this machine, suffix decoding (no draft model) instead: decided from the family and size the files state (no torch,
+no download), before anything loads (`cli.preflight`) or, for a target whose files said nothing, once it is open."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from assisted_backends.cli.errors import CLIError
+from assisted_backends.startup.errors import CLIError
 
 DEFAULT_ASSISTANTS = {
     "opt": "facebook/opt-125m",
@@ -22,13 +22,8 @@ DEFAULT_ASSISTANT_PARAMETERS = {
 }
 
 
-def default_assistant(target: str, family: str | None = None) -> str:
-    """The seed scripts' draft for the target's family (read from its config, or a `.gguf` file's metadata, unless
-    given), or an error listing the options."""
-    if family is None:
-        from assisted_backends.loading.models import model_type
-
-        family = model_type(target, "-m/--model")
+def default_assistant(family: str | None) -> str:
+    """The seed scripts' draft for the target's family, or an error listing the options."""
     if family not in DEFAULT_ASSISTANTS:
         options = ", ".join(f"{k} -> {v}" for k, v in DEFAULT_ASSISTANTS.items())
         raise CLIError(
@@ -84,10 +79,10 @@ def is_local(draft: str) -> bool:
     return Path(draft).is_dir() or isinstance(try_to_load_from_cache(draft, "config.json"), str)
 
 
-def default_drafting(target: str, family: str | None, target_parameters: int | None) -> DefaultDrafting:
+def default_drafting(family: str | None, target_parameters: int | None) -> DefaultDrafting:
     """The family's usual draft where it suits and is here, else suffix decoding and why (no torch, no network)."""
     try:
-        draft = default_assistant(target, family)
+        draft = default_assistant(family)
     except CLIError:
         known = ", ".join(f"{k} -> {v}" for k, v in DEFAULT_ASSISTANTS.items())
         return DefaultDrafting(None, f"no default draft for a {family!r} target; defaults exist for: {known}")

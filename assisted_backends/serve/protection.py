@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from assisted_backends.serve.limits import Limits
+from assisted_backends.startup.flags import positive_int
 
 EXTRA_CONNECTIONS = 32  # beyond the requests that may run or wait: health checks, metrics, refusals
 
@@ -21,16 +22,6 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
 
 
@@ -51,7 +42,7 @@ def add_protection_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cors-origins", nargs="+", action="extend", type=_origin, default=None, metavar="ORIGIN",
                        help="web origins (https://host[:port]) whose pages may call the server (default: "
                        "none)")  # fmt: skip
-    group.add_argument("--max-connections", type=_count, default=None, metavar="N",
+    group.add_argument("--max-connections", type=positive_int, default=None, metavar="N",
                        help=f"open connections at once; past it a request gets 503 (default --slots + --max-waiting "
                        f"+ {EXTRA_CONNECTIONS})")  # fmt: skip
     group.add_argument("--body-timeout", type=_seconds, default=Limits.body_timeout_s, metavar="S",

@@ -7,7 +7,7 @@ names the drafter that runs."""
 from __future__ import annotations
 
 import pytest
-from serve_process import Reference, demo_prompts, openai_client, running_server
+from serve_process import demo_prompts, running_server
 
 from assisted_backends.options.penalties import OpenAIPenaltiesLogitsProcessor
 
@@ -22,16 +22,6 @@ MAX_TOKENS = 32
 def server():
     with running_server("--suffix-cache", "--slots", "4") as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def reference():
-    return Reference()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server)
 
 
 def _accepted(server) -> float:

@@ -9,7 +9,7 @@ import json
 import time
 
 import pytest
-from serve_process import Reference, demo_prompts, openai_client, running_server
+from serve_process import demo_prompts, running_server
 
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
@@ -20,16 +20,6 @@ pytest.importorskip("fastapi")
 def server():
     with running_server("--slots", "16", "--max-waiting", "64") as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def reference():
-    return Reference()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server)
 
 
 def _complete(client, prompt: str, max_tokens: int, **options) -> tuple[str, object]:

@@ -72,7 +72,7 @@ def deadline_stream(content, send_timeout_s: float, **options):
             try:
                 await super().stream_response(send_in_time)
             except SendTimeout:
-                pass
+                return  # past the send deadline the stream ends unfinished; `finally` cancels its job
             finally:  # also when the task is cancelled (shutdown's deadline): the content's cleanup cancels its job
                 await self.body_iterator.aclose()
 

@@ -2,15 +2,18 @@
 clients see them: the same chat prompts (first user turns of held-out ShareGPT conversations, through each
 server's chat template), streamed, greedy, at concurrency 1, 4 and 8, each server with speculation off and on.
 
-    python -m benchmarks.serve [--prompts 16] [--max-tokens 64] [--threads 2] [--concurrency 1 4 8]
+    python -m benchmarks.serve [--prompts 16] [--max-tokens 64] [--threads 2] [--concurrency 1 4 8] [--set agent]
 
 Speculation on: this package's prompt lookup (`--prompt-lookup 10`, the adaptive schedule) and llama-server's
 n-gram drafting (`--spec-type ngram-simple`); off: `--no-assisted` and `--spec-type none`. Both servers get the
 same threads and 8 slots. Per configuration: requests/s, output tokens/s (all requests' tokens over the wall
 time from the first request to the last answer), time to first token and the gaps between streamed chunks
 (p50, p99), time per output token after the first (p50, p99), and whether every greedy answer is the same text
-at every concurrency (the servers' batching must not change answers). llama-server is built from the llama.cpp
-that llama-cpp-python vendors (`benchmarks.serve_build`). Writes benchmarks/results/serve.json.
+at every concurrency (the servers' batching must not change answers). `--set agent`: an agent's traffic instead
+(`agent_prompts`: a ~2,000-token tool catalogue resent with every ask), where each server's prompt cache decides
+the time to first token (this package's prefix cache and llama-server's prompt cache, both on by default).
+llama-server is built from the llama.cpp that llama-cpp-python vendors (`benchmarks.serve_build`). Writes
+benchmarks/results/serve.json.
 
 Read the figures as ratios between servers measured in one run on one machine; the CPU, its flags and the load
 average are in the result file.
@@ -50,6 +53,27 @@ def chat_prompts(tokenizer, count: int, max_prompt: int = 256) -> list[list[dict
         first = next(m for m in messages if m["role"] == "user")
         chosen.append([{"role": "user", "content": first["content"]}])
     return chosen
+
+
+def agent_prompts(tokenizer, count: int, catalogue_tokens: int = 2000) -> list[list[dict]]:
+    """An agent's traffic: one system message holding a tool catalogue (the Berkeley Function Calling Leaderboard's
+    function descriptions, JSON, one a line, up to `catalogue_tokens` tokens: `pip install --no-deps bfcl-eval`)
+    and `count` different asks (BFCL's simple questions), every request resending the catalogue."""
+    from benchmarks.tool_calls import questions, tools_of
+
+    lines, seen, used = [], set(), 0
+    for question in questions("multiple", 200):
+        for tool in tools_of(question):
+            line = json.dumps(tool["function"], separators=(",", ":"))
+            size = len(tokenizer(line, add_special_tokens=False).input_ids)
+            if tool["function"]["name"] in seen or used + size > catalogue_tokens:
+                continue
+            seen.add(tool["function"]["name"])
+            lines.append(line)
+            used += size
+    system = "You are an assistant that may call these functions (JSON, one a line):\n" + "\n".join(lines)
+    asks = [question["question"][0][0]["content"] for question in questions("simple_python", count)]
+    return [[{"role": "system", "content": system}, {"role": "user", "content": ask}] for ask in asks]
 
 
 def _free_port() -> int:
@@ -169,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--servers", nargs="+", default=["assisted", "llama-server"])
+    parser.add_argument("--set", choices=("chat", "agent"), default="chat", help="chat: ShareGPT first turns; agent: "
+                        "a ~2,000-token tool catalogue resent with each of --prompts different asks")  # fmt: skip
     parser.add_argument("--out", default=None, help="result file (default benchmarks/results/serve.json)")
     args = parser.parse_args(argv)
 
@@ -180,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gguf = real_model_gguf(MODEL)
     tokenizer = load_tokenizer(str(gguf))
-    prompts = chat_prompts(tokenizer, args.prompts)
+    prompts = (agent_prompts if args.set == "agent" else chat_prompts)(tokenizer, args.prompts)
     binary = llama_server() if "llama-server" in args.servers else None
     configurations = []
     for server in args.servers:
@@ -216,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "slots": args.slots,
         "ASSISTED_BACKENDS_NATIVE": native,
-        "prompt_set": "ShareGPT V3 held-out first user turns (<= 256 tokens)",
+        "prompt_set": "ShareGPT V3 held-out first user turns (<= 256 tokens)" if args.set == "chat" else
+        "one ~2,000-token BFCL tool catalogue (system message) + BFCL simple_python asks",
         "configurations": configurations,
     }
     write_result("serve", command_line("serve"), payload, Path(args.out) if args.out else None)

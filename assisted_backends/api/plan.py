@@ -111,7 +111,9 @@ def plan_generation(models: Models, request: GenerationRequest, multi_rank: bool
     if layout is None:
         layout = backend.cache_layout_for(models.model, models.assistant_model)
     gamma = schedule.gamma if schedule is not None else None
-    wants_outputs = options.outputs.scores or options.outputs.logits
+    # the scores behind every committed token (outputs, a queue's log-probabilities): the head on every position
+    queue_logprobs = request.queue is not None and request.queue.logprobs is not None
+    keeps_scores = options.outputs.scores or options.outputs.logits or queue_logprobs
     return GenerationPlan(
         options=options,
         draft=draft,
@@ -121,7 +123,7 @@ def plan_generation(models: Models, request: GenerationRequest, multi_rank: bool
         bucket_pad=_bucket_pad(options, padding),
         capacity=_capacity(request, models.facts, padding, layout == "static", gamma),
         filler_rows=batch_bucket(options.input_ids.shape[0]) - options.input_ids.shape[0] if static else 0,
-        head_on_demand=backend.head_on_demand and not static and not multi_rank and not wants_outputs,
+        head_on_demand=backend.head_on_demand and not static and not multi_rank and not keeps_scores,
         seed=settings.seed,
     )
 

@@ -10,6 +10,11 @@
 - False: off;
 - a `PrefixCache`: that one (it serves one model), or a `PrefixScope` (`cache.scope(salt)`: one tenant's view).
 
+`prefill_chunk=` (queues and the server): a prompt that joins running rows has its own pass computed a chunk of
+columns per round (`engine.row_pass`), so the running rows wait at most one chunk between their rounds. None (the
+default): `PREFILL_CHUNK` where a pass in chunks is the same bits as one pass (`exact_reuse`), else whole; 0: whole;
+n > 0: chunks of n anywhere (on transformers' modeling: equal up to the rounding above).
+
 One cache per model, kept while the model lives (`cache_for`): every entry point on that model shares it. Static
 shapes and multi-rank launches never reuse (`api.run`).
 """
@@ -20,7 +25,9 @@ import weakref
 from typing import Any
 
 from assisted_backends.engine.prefix_cache import PrefixCache, PrefixScope
+from assisted_backends.options import ranges
 
+PREFILL_CHUNK = 256  # columns of a joining prompt's pass per round: ~0.2-0.4 s of a 2-core CPU's prefill
 _CACHES: weakref.WeakKeyDictionary[Any, PrefixCache] = weakref.WeakKeyDictionary()
 
 
@@ -55,3 +62,10 @@ def prefix_scope(value: Any, model: Any) -> PrefixScope | None:
         f"prefix_cache={value!r}: give True (this process's cache for the model), False (off), None (on where "
         "exact), a PrefixCache or cache.scope(salt)"
     )
+
+
+def prefill_chunk(value: int | None, model: Any) -> int | None:
+    """What `prefill_chunk=value` means for a queue on `model` (see the module docstring); None: whole passes."""
+    if value is None:
+        return PREFILL_CHUNK if exact_reuse(model) else None
+    return ranges.check_integer("prefill_chunk", value, minimum=0) or None

@@ -13,13 +13,19 @@ Each prompt's tokens are those `model.generate` gives that prompt alone (greedy;
 distribution), whatever its neighbours and whenever it joined (docs/design.md rule 7): its
 processors, stop strings and limits are its own. Arguments are `generate`'s, except what belongs to
 one batch or counts its padding, which is refused by name: `attention_mask` (prompts come unpadded),
-`streamer` (use `on_finish`), `token_type_ids` / `position_ids`, `output_scores` / `output_logits`,
-`prefix_allowed_tokens_fn`, and `max_length` or a `MaxLengthCriteria` without `max_new_tokens`.
+`streamer` (use `on_finish`), `token_type_ids` / `position_ids`, `output_scores` / `output_logits` (use
+`logprobs`), `prefix_allowed_tokens_fn`, and `max_length` or a `MaxLengthCriteria` without `max_new_tokens`.
+
+`logprobs=k` (0 ≤ k ≤ 20) keeps, for every token each prompt commits, its log-probability and the k most likely
+tokens with theirs (`QueueResult.logprobs`, `engine.outputs.TokenLogprobs`): log softmax of the processed scores
+the token was chosen from, the scores `generate(output_scores=True)` returns for that prompt alone, from the
+target's verify pass (a rejected draft token never has an entry). Off (None), nothing is computed.
 
 `generate_live` is the same queue fed while it runs (a server's requests, `assisted_backends.serve`): a
 `LiveSource` hands over prompts as they arrive, each with its own token limit, the batch grows to `slots`
 rows while prompts wait, callers who leave end their rows between rounds, and each row's tokens are handed
-over after every round. One call lasts while rows generate; the caller calls again when more prompts come.
+over after every round. One call lasts while rows generate; the caller calls again when more prompts come. Its
+`logprobs` is a `LogprobRecord` the caller made, filled by prompt index as rows commit (read it in the hooks).
 """
 
 from __future__ import annotations
@@ -31,11 +37,14 @@ from typing import Any, Protocol
 import torch
 
 from assisted_backends.api.plan import GenerationPlan, Models, batch_bucket
+from assisted_backends.api.prefix import prefill_chunk
 from assisted_backends.api.run import QueueSettings, decode_plan
 from assisted_backends.engine.joins import Arrival, PromptQueue, Refill
+from assisted_backends.engine.outputs import LogprobRecord, TokenLogprobs
 from assisted_backends.engine.stats import GenerationStats
 from assisted_backends.options import ranges
 from assisted_backends.options.errors import refusal
+from assisted_backends.options.fields import MAX_TOP_LOGPROBS
 from assisted_backends.options.processors import row_logits_processors
 from assisted_backends.options.request import QueueShape
 
@@ -73,10 +82,12 @@ PromptLike = torch.Tensor | list[int] | tuple[int, ...] | Mapping[str, Any]
 class QueueResult:
     """`tokens[i]`: the new tokens of prompt i (up to and including its EOS, as `model.generate` gives them,
     without padding); `stats`: the run's statistics, `stats.rows[i]` prompt i's own (its rounds, when it
-    joined and finished, in seconds from the start of the call)."""
+    joined and finished, in seconds from the start of the call); `logprobs[i]` (with `logprobs=k`, else None): the
+    log-probabilities of prompt i's tokens and their top k."""
 
     tokens: list[torch.Tensor]
     stats: GenerationStats
+    logprobs: list[TokenLogprobs] | None = None
 
     def sequences(self, prompts: Iterable[PromptLike]) -> list[torch.Tensor]:
         """Each prompt followed by its new tokens, as `model.generate` returns one prompt alone."""
@@ -144,11 +155,14 @@ def generate_many(
     prompts: Iterable[PromptLike],
     slots: int = DEFAULT_SLOTS,
     on_finish: Callable[[int, torch.Tensor], None] | None = None,
+    logprobs: int | None = None,
     **arguments: Any,
 ) -> QueueResult:
     """Generate after every prompt of `prompts` through `slots` batch rows (see the module docstring);
-    `on_finish(i, tokens)` is called as prompt i ends, in the order they end."""
+    `on_finish(i, tokens)` is called as prompt i ends, in the order they end; `logprobs=k`: each token's
+    log-probability and top k kept."""
     slots = ranges.check_integer("slots", slots, minimum=1)
+    record = LogprobRecord(_top_logprobs(logprobs)) if logprobs is not None else None
     ranges.check_queue_arguments(arguments, on_finish)
     queue = as_prompts(prompts)
     if not queue:
@@ -158,18 +172,29 @@ def generate_many(
     first = min(slots, len(queue))
     input_ids, mask = left_padded(queue[:first], 0)
     prefix = generator.prefix_for(arguments.pop("prefix_cache", None))
-    shape = QueueShape(slots, len(queue), max(p.shape[0] for p in queue))
+    chunk = prefill_chunk(arguments.pop("prefill_chunk", None), generator.model)
+    shape = QueueShape(slots, len(queue), max(p.shape[0] for p in queue), logprobs=logprobs)
     plan = generator.plan(input_ids, attention_mask=mask, queue=shape, **arguments)
     refill = Refill(
         PromptQueue(_arrivals(generator, plan, queue, first), len(queue) - first),
         plan.options.pad_id,
         plan.padding.bucket if plan.static_shapes else None,
         on_finish,
+        chunk=chunk,
     )
-    settings = QueueSettings(refill, _agreed(queue), [_processors(generator, plan, p) for p in queue[:first]])
+    first_processors = [_processors(generator, plan, p) for p in queue[:first]]
+    settings = QueueSettings(refill, _agreed(queue), first_processors, record)
     buffer, stats, _ = decode_plan(plan, generator, queue=settings, prefix=prefix)
     stats.record_slots(slots)
-    return QueueResult([buffer.results[i] for i in range(len(queue))], stats)
+    kept = [record.row(i) for i in range(len(queue))] if record is not None else None
+    return QueueResult([buffer.results[i] for i in range(len(queue))], stats, kept)
+
+
+def _top_logprobs(value: Any) -> int:
+    """`logprobs=` checked: the top tokens kept with each token's log-probability."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise refusal("queue_logprobs", {"most": MAX_TOP_LOGPROBS, "value": repr(value)}, name="logprobs")
+    return value
 
 
 class _LiveQueue(PromptQueue):
@@ -198,12 +223,14 @@ def generate_live(
     on_finish: Callable[[int, torch.Tensor], None],
     on_progress: Callable[[int, torch.Tensor], None] | None = None,
     on_round: Callable[[GenerationStats], None] | None = None,
+    logprobs: LogprobRecord | None = None,
     **arguments: Any,
 ) -> GenerationStats:
     """Serve `source` through up to `slots` batch rows until no row generates and nothing waits (see the module
     docstring): every prompt plus its own limit fits in `context` positions (the caller checks); `on_finish(i,
     tokens)` as prompt i ends, `on_progress(i, tokens so far)` for every generating row after each round and
-    `on_round(stats)` with the call's statistics.
+    `on_round(stats)` with the call's statistics; `logprobs` (a `LogprobRecord`, None: off) receives every committed
+    token's log-probabilities by prompt index, before the hooks see the token.
     `arguments` are `generate`'s options shared by every row (sampling, drafting, schedule); the dynamic
     layout only (static shapes keep one batch bucket and are refused)."""
     slots = ranges.check_integer("slots", slots, minimum=1)
@@ -215,12 +242,14 @@ def generate_live(
     input_ids, mask = left_padded(prompts, 0)
     arguments.pop("max_new_tokens", None)  # each row's own limit; the plan's is the smallest
     prefix = generator.prefix_for(arguments.pop("prefix_cache", None))  # a tenant's scope, or the generator's
-    shape = QueueShape(slots, len(prompts), max(p.shape[0] for p in prompts), context)
+    chunk = prefill_chunk(arguments.pop("prefill_chunk", None), generator.model)
+    top = logprobs.top if logprobs is not None else None
+    shape = QueueShape(slots, len(prompts), max(p.shape[0] for p in prompts), context, top)
     plan = generator.plan(input_ids, attention_mask=mask, max_new_tokens=1, queue=shape, **arguments)
     refill = Refill(_LiveQueue(source, generator, plan), plan.options.pad_id, None, on_finish, slots, on_progress,
-                    on_round=on_round)  # fmt: skip
+                    on_round=on_round, chunk=chunk)  # fmt: skip
     refill.limits.update({index: limit for index, _, limit, _ in first})
     row_processors = [_processors(generator, plan, prompt, own) for _, prompt, _, own in first]
-    settings = QueueSettings(refill, _agreed(prompts), row_processors)
+    settings = QueueSettings(refill, _agreed(prompts), row_processors, logprobs)
     _, stats, _ = decode_plan(plan, generator, queue=settings, prefix=prefix)
     return stats

@@ -22,7 +22,7 @@ from assisted_backends.drafters.factory import build_drafter
 from assisted_backends.engine.drafter import Drafter
 from assisted_backends.engine.joins import Refill
 from assisted_backends.engine.loop import decode
-from assisted_backends.engine.outputs import CommittedScores
+from assisted_backends.engine.outputs import CommittedScores, LogprobRecord
 from assisted_backends.engine.runner import RunnerBuilder
 from assisted_backends.engine.sampling import TokenSelector
 from assisted_backends.engine.schedule import DraftSchedule
@@ -51,12 +51,13 @@ class GenerateResult:
 @dataclass(frozen=True)
 class QueueSettings:
     """A queue run (`api.queue`): the prompts still waiting (`refill`), every prompt of the queue as every rank
-    must have it (`agreed_prompts`: all token ids, then each prompt's length) and the per-row processors of the
-    first batch's rows (`first_processors`)."""
+    must have it (`agreed_prompts`: all token ids, then each prompt's length), the per-row processors of the
+    first batch's rows (`first_processors`) and the record of the tokens' log-probabilities (`logprobs`: None, off)."""
 
     refill: Refill
     agreed_prompts: torch.Tensor
     first_processors: list[list]
+    logprobs: LogprobRecord | None = None  # each committed token's log-probabilities, kept by the slots
 
 
 def launched_ranks() -> agreement.RankAgreement | None:
@@ -195,6 +196,7 @@ def _buffer(plan: GenerationPlan, device: torch.device, queue: QueueSettings | N
         plan.filler_rows,
         {name: plan.padded(table, 0, device) for name, table in options.column_inputs.items()},
         queue=queue is not None,  # a queue's rows are realigned even in one slot
+        logprobs=queue.logprobs if queue is not None else None,
     )
 
 

@@ -103,7 +103,7 @@ def generate_queue(session, prompts: list[torch.Tensor], slots: int, on_finish=N
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
         num_assistant_tokens=args.num_assistant_tokens, schedule=args.schedule, seed=args.seed,
         static_shapes=args.static_shapes, pad_token_id=session.pad_id(), backend=session.backend,
-        on_finish=on_finish, **drafting,
+        on_finish=on_finish, prefix_cache=False if args.no_prefix_cache else None, **drafting,
     )  # fmt: skip
 
 

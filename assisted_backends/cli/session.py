@@ -61,7 +61,7 @@ class Session(OpenedPair):
             streamer=streamer,
             backend=self.backend,
             attention_mask=attention_mask,
-            prefix_cache=prefix_cache,
+            prefix_cache=False if args.no_prefix_cache else prefix_cache,
             **drafting,
         )
 

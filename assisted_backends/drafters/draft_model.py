@@ -118,4 +118,4 @@ class ModelDrafter(Drafter):
             self.runner.layout.set_row_pad(slot, pad)
             return
         prompt = slots.ids[slot, pad : slots.length - 1]
-        self.runner.insert_row(slot, prompt, pad, held, max(width, prompt.shape[0]), pad_id)
+        self.runner.insert_row(slot, self.runner.row_pass(prompt, max(width, prompt.shape[0]), pad_id), pad, held)

@@ -43,6 +43,12 @@ class Proposal:
     tree: TokenTree | None = None  # one row: the chain as nodes 0..count−1 plus other branches (`engine.token_tree`)
     tree_expected: tuple[float, float] | None = None  # the drafter's expected tokens accepted: (chain, tree)
 
+    def cut(self, count: int) -> Proposal:
+        """The first `count` drafts only (itself when that is all of them; a cut chain drops its tree)."""
+        if count == self.count:
+            return self
+        return Proposal(count, self.q[:, :count] if self.q is not None else None)
+
 
 class Drafter(ABC):
     name: str

@@ -53,6 +53,7 @@ from transformers.generation.logits_process import LogitsProcessor
 from assisted_backends.engine.drafter import GuardedDrafter
 from assisted_backends.engine.kv_cache import bucketed
 from assisted_backends.engine.realign import RowMove, widen
+from assisted_backends.engine.row_pass import RowPass
 from assisted_backends.engine.runner import Runner
 from assisted_backends.engine.sampling import TokenSelector, sample
 from assisted_backends.engine.slots import RowStarts, Slots
@@ -71,6 +72,27 @@ class Arrival:
     prompt: torch.Tensor
     processors: list[LogitsProcessor]
     max_new_tokens: int | None = None  # the row's own limit (None: the call's)
+
+
+@dataclass
+class Taken:
+    """An arrival taken from the queue with its own pass (`engine.row_pass`): begun at `began`, computed for
+    `seconds` so far; `cancelled` once its caller left while it was computed (it joins and ends at once, so that
+    rows keep joining in order)."""
+
+    arrival: Arrival
+    pass_: RowPass
+    began: float
+    seconds: float = 0.0
+    cancelled: bool = False
+
+    def feed(self, chunk: int | None) -> None:
+        """The next `chunk` columns of the pass (None: the rest; nothing once it is computed)."""
+        if self.pass_.logits is not None:
+            return
+        began = time.perf_counter()
+        self.pass_.feed(chunk)
+        self.seconds += time.perf_counter() - began
 
 
 class PromptQueue:
@@ -105,6 +127,12 @@ class Refill:
     on_progress: Callable[[int, torch.Tensor], None] | None = None  # live queues: a row's new tokens so far
     limits: dict[int, int] = field(default_factory=dict)  # the first rows' own max_new_tokens, by caller row
     on_round: Callable[[GenerationStats], None] | None = None  # live queues: the call's statistics after each round
+    chunk: int | None = None  # columns of a joining prompt's pass per round while rows generate (None: whole)
+    prefilling: Taken | None = None  # the prompt whose pass goes on between rounds (no slot is kept for it meanwhile)
+
+    def reserve(self) -> int:
+        """Finished rows to keep for the next prompts: as many as wait (none while a prompt's pass goes on)."""
+        return 0 if self.prefilling is not None else self.queue.pending()
 
     def width(self, prompt_length: int) -> int:
         """Columns of a joining prompt's own pass: its bucket under static shapes, else its length."""
@@ -146,26 +174,60 @@ class Joined:
     index: int
     first: torch.Tensor  # [1] the first new token
     logits: torch.Tensor  # [1, 1, V] the prompt pass's last logits
+    scores: torch.Tensor  # [1, 1, V] the processed scores the first token was chosen from
     pad: int
 
 
 def refill(state: QueueState) -> None:
     """Rows whose caller left end; the slot of every row that ended takes the next prompt, and the next again while
     the one that joined ends at its first token; a live queue's batch grows while prompts wait and no slot is free;
-    then each generating row's new tokens go to `on_progress`, and the statistics to `on_round`."""
+    a long prompt joining running rows is computed a chunk per call (`Refill.chunk`), the prompts after it waiting
+    behind it; then each generating row's new tokens go to `on_progress`, and the statistics to `on_round`."""
     slots, hooks = state.slots, state.settings.refill
     queue = hooks.queue
-    end_cancelled(slots, queue.cancelled())
+    cancelled = queue.cancelled()
+    end_cancelled(slots, cancelled)
+    if hooks.prefilling is not None:
+        hooks.prefilling.cancelled |= hooks.prefilling.arrival.index in cancelled
+        hooks.prefilling.feed(hooks.chunk if any(slots.generating) else None)
     grow_for_waiting(state)
-    for slot in slots.free(queue.pending()):
-        while queue.pending() and not slots.generating[slot]:
-            join(state, slot, queue.take())
+    while True:
+        free = slots.free(1)
+        if hooks.prefilling is not None:  # later arrivals wait behind it
+            if hooks.prefilling.pass_.logits is None:  # its pass goes on after the next round
+                break
+            if not free:  # no slot was kept for it while it was computed: one more row
+                grow(slots, 1, state.move_rows)
+                free = slots.free(1)
+            taken, hooks.prefilling = hooks.prefilling, None
+        elif free and queue.pending():
+            taken = take(state, queue.take())
+            if taken is hooks.prefilling:  # its pass goes on after the next round
+                break
+        else:
+            break
+        join(state, free[0], taken)
     if hooks.on_progress is not None:
         for slot in slots.live():
             count = slots.new_tokens[slot]
             hooks.on_progress(slots.caller_rows[slot], slots.row_tokens(slot, slots.length, count))
     if hooks.on_round is not None:
         hooks.on_round(state.stats)
+
+
+def take(state: QueueState, arrival: Arrival) -> Taken:
+    """`arrival` taken from the queue with its pass: computed whole as it joins (`ModelRunner.insert_row`), or, where
+    a pass may be chunked and rows generate, its first chunk now and the rest after the next rounds while longer
+    (`Refill.prefilling`)."""
+    refill = state.settings.refill
+    length = arrival.prompt.shape[0]
+    prompt = arrival.prompt.to(state.slots.ids.device)
+    taken = Taken(arrival, state.target.row_pass(prompt, refill.width(length), refill.pad_id), time.perf_counter())
+    if refill.chunk is not None and taken.pass_.chunkable and any(state.slots.generating):
+        taken.feed(refill.chunk)
+        if taken.pass_.logits is None:
+            refill.prefilling = taken
+    return taken
 
 
 def end_cancelled(slots: Slots, cancelled: list[int]) -> None:
@@ -178,9 +240,9 @@ def end_cancelled(slots: Slots, cancelled: list[int]) -> None:
 
 def grow_for_waiting(state: QueueState) -> None:
     """Live queues (the dynamic layout): as many slots more as prompts wait beyond the free ones, up to
-    `Refill.slots`."""
+    `Refill.slots` (none while a prompt's pass goes on: they wait behind it)."""
     refill, slots = state.settings.refill, state.slots
-    if refill.slots is None or not state.drop_finished:
+    if refill.slots is None or not state.drop_finished or refill.prefilling is not None:
         return
     pending = refill.queue.pending()
     extra = min(pending - len(slots.free(pending)), refill.slots - slots.batch)
@@ -188,21 +250,23 @@ def grow_for_waiting(state: QueueState) -> None:
         grow(slots, extra, state.move_rows)
 
 
-def join(state: QueueState, slot: int, arrival: Arrival) -> None:
-    """Steps 1-5 for `arrival` at `slot`: room, tokens, the prompt pass, the first token (committed; the row ends
-    at once where it ends there), the drafter."""
+def join(state: QueueState, slot: int, taken: Taken) -> None:
+    """Steps 1-5 for the `taken` prompt at `slot` (its pass computed): room, tokens, its keys and values, the first
+    token (committed; the row ends at once where it ends there, or where its caller left while it was computed), the
+    drafter."""
     began = time.perf_counter()
-    slots, settings, refill = state.slots, state.settings, state.settings.refill
+    slots, settings, refill, arrival = state.slots, state.settings, state.settings.refill, taken.arrival
     length = arrival.prompt.shape[0]
     make_room(slots, length, state.move_rows)
     state.selector.add_row(arrival.index, arrival.processors)
     limit = arrival.max_new_tokens if arrival.max_new_tokens is not None else settings.max_new_tokens
-    joined = prefill_row(state, slot, arrival, limit, began)
-    done = ends_at_once(joined, slots, settings.eos_token_ids, settings.stop, limit)
-    slots.commit({slot: 1}, {slot: done}, slots.length - 1)  # a row that ended drops its processors (its hook)
+    joined = prefill_row(state, slot, taken, limit)
+    done = taken.cancelled or ends_at_once(joined, slots, settings.eos_token_ids, settings.stop, limit)
+    # a row that ended drops its processors (its hook)
+    slots.commit({slot: 1}, {slot: done}, slots.length - 1, {slot: joined.scores[0]})
     if not done:
         state.drafter.insert_row(slot, refill.width(length), refill.pad_id)
-    state.stats.record_join(time.perf_counter() - began)
+    state.stats.record_join(taken.seconds + time.perf_counter() - began)
 
 
 def make_room(slots: Slots, prompt_length: int, move_rows: MoveRows) -> None:
@@ -216,19 +280,18 @@ def make_room(slots: Slots, prompt_length: int, move_rows: MoveRows) -> None:
     move_rows(move, pad, slots.length + columns)
 
 
-def prefill_row(state: QueueState, slot: int, arrival: Arrival, limit: int, began: float) -> Joined:
-    """Steps 2-4 for `arrival` at `slot` (room made), its token limit `limit`, its join begun at `began`: its
-    tokens, its pass, its first token."""
-    slots, refill = state.slots, state.settings.refill
-    prompt = arrival.prompt.to(slots.ids.device)
-    pad = slots.join(slot, prompt, arrival.index, limit, refill.pad_id, began)
-    length = prompt.shape[0]
-    logits = state.target.insert_row(slot, prompt, pad, length, refill.width(length), refill.pad_id)  # [1, 1, V]
+def prefill_row(state: QueueState, slot: int, taken: Taken, limit: int) -> Joined:
+    """Steps 2-4 for the `taken` prompt at `slot` (room made), its token limit `limit`: its tokens, its keys and
+    values, its first token."""
+    slots, refill, arrival = state.slots, state.settings.refill, taken.arrival
+    pad = slots.join(slot, taken.pass_.tokens[0, -arrival.prompt.shape[0] :], arrival.index, limit, refill.pad_id,
+                     taken.began)  # fmt: skip
+    logits = state.target.insert_row(slot, taken.pass_, pad, arrival.prompt.shape[0])  # [1, 1, V]
     own = RowStarts([pad], [arrival.index])
     context = slots.ids[slot : slot + 1, : slots.length - 1]
-    first = choose_first(logits, context, state.selector, state.generator, own)[0]  # [1]
+    first, scores = choose_first(logits, context, state.selector, state.generator, own)  # [1], [1, 1, V]
     slots.place_first(slot, first)
-    return Joined(slot, arrival.index, first, logits, pad)
+    return Joined(slot, arrival.index, first, logits, scores, pad)
 
 
 def choose_first(

@@ -25,7 +25,7 @@ from assisted_backends.engine.acceptance import Verification, greedy_accept, spe
 from assisted_backends.engine.drafter import Proposal
 from assisted_backends.engine.head_on_demand import greedy_accept_on_demand
 from assisted_backends.engine.runner import Runner
-from assisted_backends.engine.sampling import TokenSelector, sample
+from assisted_backends.engine.sampling import TokenSelector, greedy_tokens, sample
 from assisted_backends.engine.schedule import RoundObservation
 from assisted_backends.engine.slots import Slots
 from assisted_backends.engine.state import DecodingState
@@ -40,8 +40,11 @@ def speculative_round(state: DecodingState, gamma: int) -> RoundObservation:
         gamma = 0
     began = time.perf_counter()
     proposal = drafter.propose(gamma, state.selector, state.generator)  # x_1..x_γ' at columns [L, L + γ')
-    if state.settings.static_shapes and drafter.active and proposal.count != gamma:
-        raise RuntimeError(f"{drafter.name} proposed {proposal.count} tokens; static shapes need exactly {gamma}")
+    if state.settings.static_shapes:
+        if drafter.active and proposal.count != gamma:
+            raise RuntimeError(f"{drafter.name} proposed {proposal.count} tokens; static shapes need exactly {gamma}")
+    else:  # drafts a row's grammar forbids are not verified
+        proposal = proposal.cut(state.selector.allowed_drafts(slots, start, proposal.count))
     drafter.note_stop(state.stats)
     drafted_at = time.perf_counter()
     verification = verify(state, start, proposal)
@@ -89,7 +92,7 @@ def verify(state: DecodingState, start: int, proposal: Proposal) -> Verification
     logits = target.forward(tokens, last_only=prompt_pass)  # [B, γ+1, V] ([B, 1, V] for the prompt pass)
     scores = selector.scores(logits, slots.through(start + gamma), starts)  # [B, γ+1, V]
     if not selector.do_sample:
-        accepted, next_token = greedy_accept(draft, scores.argmax(dim=-1))
+        accepted, next_token = greedy_accept(draft, greedy_tokens(scores))
         if split is not None and gamma > 0:
             split.record_outcome(bool((accepted > 0).any()))
     elif gamma > 0:
@@ -177,7 +180,7 @@ def commit(state: DecodingState, start: int, verification: Verification) -> tupl
     if settings.record is not None:  # the logits behind the tokens each row commits
         for b, count in kept.items():
             settings.record.add(slots.caller_rows[b], logits[b], scores[b], count)
-    slots.commit(kept, done, start)
+    slots.commit(kept, done, start, scores)  # log-probabilities from `scores` where the slots keep them
     if settings.prefix is not None:  # rows that ended: their committed tokens into the prefix cache
         for b in (b for b in live if done[b]):
             settings.prefix.keep_finished(slots, b, start + kept[b])

@@ -21,6 +21,7 @@ from assisted_backends.engine import cache_surgery
 from assisted_backends.engine.head_on_demand import OnDemandHead
 from assisted_backends.engine.kv_cache import CacheLayout, make_layout
 from assisted_backends.engine.realign import RowMove
+from assisted_backends.engine.row_pass import RowPass
 from assisted_backends.engine.slots import RowPadding, Slots
 from assisted_backends.engine.token_tree import MASK_IMPLEMENTATIONS, TokenTree, attention_mask
 
@@ -66,7 +67,8 @@ class Runner(Protocol):
       [B, q or 1, V], or with `hidden_only` the head's inputs [B, q, D].
     - `forward_tree(tokens [1, N + 1], tree)`, `keep_path(begin, queries)`, `tree_refusal()`: token trees.
     - `rollback(length)`: forget positions from `length` on. `move_rows(move, length)`: batches, the rows moved
-      (their padding is the slots', moved first). `insert_row(...)`: queues, a prompt takes a slot.
+      (their padding is the slots', moved first). `row_pass(...)`, `insert_row(...)`: queues, a prompt's own
+      pass (`engine.row_pass`, whole or in chunks), then its row written at a slot.
     - `tap_features(tap)`: a drafter reads the hidden states of every forward from now on (steps eagerly).
     """
 
@@ -87,9 +89,9 @@ class Runner(Protocol):
 
     def move_rows(self, move: RowMove, length: int) -> None: ...
 
-    def insert_row(
-        self, slot: int, prompt: torch.Tensor, begin: int, keep: int, width: int, pad_id: int
-    ) -> torch.Tensor: ...
+    def row_pass(self, prompt: torch.Tensor, width: int, pad_id: int) -> RowPass: ...
+
+    def insert_row(self, slot: int, row: RowPass, begin: int, keep: int) -> torch.Tensor: ...
 
     def tap_features(self, tap: FeatureTap) -> None: ...
 
@@ -308,29 +310,34 @@ class ModelRunner:
     def rollback(self, length: int) -> None:
         self.layout.rollback(length)
 
-    def insert_row(
-        self, slot: int, prompt: torch.Tensor, begin: int, keep: int, width: int, pad_id: int
-    ) -> torch.Tensor:
-        """Queues (`engine.joins`): the row at `slot` now holds `prompt` [P] at columns [begin, begin + P).
-        One pass of the model over the prompt alone, left-padded to `width` columns (a prompt bucket under static
-        shapes, else P) in a one-row cache of this runner's layout kind; its first `keep` positions' keys and values
-        (keep <= P: what this cache holds of the row, the rest stays pending) are written into the row. Returns the
-        logits of the prompt's last position [1, 1, V] (what `model.generate` on that prompt alone computes first).
-        A tapped runner hands the pass's features to the row (`FeatureTap.capture_row`)."""
+    def row_pass(self, prompt: torch.Tensor, width: int, pad_id: int) -> RowPass:
+        """Queues (`engine.joins`): the pass of a joining prompt `prompt` [P] alone, left-padded to `width` columns (a
+        prompt bucket under static shapes, else P), on a one-row cache of this runner's layout kind; it reuses and
+        fills the call's prefix cache where this runner's prompt passes do, and may be fed in chunks, but not under a
+        feature tap (the tap captures every position's features in one pass) or static shapes."""
         length = prompt.shape[0]
         scratch = ModelRunner(
             self.model, self.layout.one_row(self.model, width - length, width), self.step_boundary,
             position_limit=self.position_limit,
         )  # fmt: skip
-        scratch.prefix = self.prefix  # its prompt pass reuses and stores prefixes as the call's prefill does
-        tokens = torch.nn.functional.pad(prompt[None], (width - length, 0), value=pad_id)  # [1, width]
-        tap = self.feature_tap
-        with tap.capture_row(slot, begin - (width - length)) if tap is not None else nullcontext():
-            logits = scratch.forward(tokens, last_only=True)  # [1, 1, V]
-        self.forward_count += 1
+        untapped = self.feature_tap is None
+        return RowPass(scratch, prompt, width, pad_id, self.prefix if untapped else None,
+                       chunkable=untapped and self.layout.name == "dynamic")  # fmt: skip
+
+    def insert_row(self, slot: int, row: RowPass, begin: int, keep: int) -> torch.Tensor:
+        """Queues: the row at `slot` now holds `row`'s prompt at columns [begin, begin + P). What is left of the
+        pass is fed; its first `keep` positions' keys and values (keep <= P: what this cache holds of the row, the
+        rest stays pending) are written into the row. Returns the logits of the prompt's last position [1, 1, V]
+        (what `model.generate` on that prompt alone computes first). A tapped runner hands the pass's features to
+        the row (`FeatureTap.capture_row`; its passes are never chunked)."""
+        tap, padding = self.feature_tap, row.width - row.length
+        with tap.capture_row(slot, begin - padding) if tap is not None else nullcontext():
+            if row.logits is None:
+                row.feed()
+        self.forward_count += row.scratch.forward_count
         self.layout.set_row_pad(slot, begin)
-        self.layout.write_row(slot, scratch.layout, begin, width - length, keep)
-        return logits
+        self.layout.write_row(slot, row.scratch.layout, begin, padding, keep)
+        return row.logits
 
     def copy_row_from(self, source: ModelRunner, slot: int, pad: int, count: int, layers: int) -> None:
         """Queues: the row at `slot` has a new occupant with `pad` columns of left padding; its positions

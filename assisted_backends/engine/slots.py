@@ -1,12 +1,13 @@
 """`Slots`: the batch's slots, with one owner. Each slot's token ids, its left padding, the caller's row it serves,
-its new tokens, whether it still generates, its token limit, its statistics and its result live here, and change
-only through this object's operations:
+its new tokens, whether it still generates, its token limit, its statistics, its result and (when asked) its
+tokens' log-probabilities live here, and change only through this object's operations:
 
 - `open` (the call starts: limits, statistics, the finish hook), `join` and `place_first` (queues: a prompt takes a
   slot, `engine.joins`);
 - `write_draft` (a drafter's proposal, or a token tree's accepted path, in the scratch columns past `length`) and
   `place_target_tokens` (y_b after each slot's n_b accepted drafts);
-- `commit` (slots commit their round's tokens; those that end finish: their result kept, the hook called),
+- `commit` (slots commit their round's tokens, with the log-probabilities of the scores they were chosen from
+  when a `LogprobRecord` keeps them; those that end finish: their result kept, the hook called),
   `finish` (a live queue's caller left), `end_round` (the shared length after a round);
 - `move` (`engine.realign`: rows kept, shifted, copied when the batch grows; every per-slot list follows at once).
 
@@ -21,11 +22,12 @@ cache, so a move or a join changes it for all of them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from assisted_backends.engine.outputs import LogprobRecord
 from assisted_backends.engine.realign import RowMove
 from assisted_backends.engine.stats import GenerationStats, RowStats
 
@@ -36,6 +38,10 @@ class RowStarts:
 
     starts: list[int]
     caller_rows: list[int]
+
+
+# The processed scores behind a commit, by slot: a round's [B, m, V], or {slot: [m, V]} for one joining slot.
+ScoresBySlot = torch.Tensor | Mapping[int, torch.Tensor]
 
 
 class RowPadding:
@@ -97,7 +103,8 @@ class Slots:
     up to its bucket (static shapes): copies of slot 0 that never generate. `batched`: the slots realign after each
     round (several, or one slot of a queue). `columns`: inputs given per prompt column (`token_type_ids`,
     `position_ids`, and an `attention_mask` with holes) [B, capacity], continued past the prompt as `model.generate`
-    continues them (the last type repeated, positions + 1, new columns attended).
+    continues them (the last type repeated, positions + 1, new columns attended). `logprobs`: the record of each
+    committed token's log-probabilities by the caller's index (None: none kept, nothing computed).
     """
 
     def __init__(
@@ -109,6 +116,7 @@ class Slots:
         filler_rows: int = 0,
         columns: dict[str, torch.Tensor] | None = None,
         queue: bool = False,
+        logprobs: LogprobRecord | None = None,
     ) -> None:
         batch, prompt_length = prompt.shape
         self.ids = torch.full((batch, capacity), fill_value, dtype=torch.long, device=prompt.device)
@@ -124,6 +132,7 @@ class Slots:
         self.limits = [0] * batch  # each slot's token limit (`open`)
         self.rows = [RowStats() for _ in range(callers)]  # by the caller's row index
         self.results: dict[int, torch.Tensor] = {}
+        self.logprobs = logprobs
         self.columns = {name: _continued(name, given, capacity) for name, given in (columns or {}).items()}
         self.started = time.perf_counter()  # the call's start (`open` sets it again as decoding begins)
         self._on_finish: Callable[[int, torch.Tensor], None] | None = None
@@ -220,13 +229,18 @@ class Slots:
         span.scatter_(1, accepted[:, None], next_token[:, None])
         return span
 
-    def commit(self, counts: dict[int, int], done: dict[int, bool], end: int) -> None:
-        """Slot b committed counts[b] tokens ending before column end + counts[b]; those `done` finish: their new
+    def commit(
+        self, counts: dict[int, int], done: dict[int, bool], end: int, scores: ScoresBySlot | None = None
+    ) -> None:
+        """Slot b committed counts[b] tokens ending before column end + counts[b], chosen from `scores[b]` [≥ counts[b],
+        V] (the processed scores, by slot: read only where `logprobs` keeps them); those `done` finish: their new
         tokens are kept by the caller's index (`results`) and handed to the finish hook."""
         at = time.perf_counter() - self.started
         for b, count in counts.items():
             self.new_tokens[b] += count
             row = self.caller_rows[b]
+            if self.logprobs is not None and scores is not None and count:
+                self.logprobs.add(row, self.ids[b, end : end + count], scores[b])
             self.rows[row].record_commit(self.new_tokens[b])
             if done[b]:
                 self.generating[b] = False

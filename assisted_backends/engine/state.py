@@ -97,7 +97,7 @@ class DecodingState:
     def reserve(self) -> int:
         """Finished rows that stay in the batch for a queue's next prompts to take their slots."""
         refill = self.settings.refill
-        return refill.queue.pending() if refill is not None else 0
+        return refill.reserve() if refill is not None else 0
 
     def move_rows(self, move: RowMove, pad: list[int], length: int) -> None:
         """The one call that moves the rows (`engine.realign`): the slots (ids, column inputs, padding: the layouts

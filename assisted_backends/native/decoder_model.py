@@ -294,3 +294,15 @@ def native_model(model: nn.Module, kv_cache_dtype: str = "fp32") -> nn.Module:
         return NativeCausalLM(model, kv_cache_dtype)
     model.step_report = f"forward pass: transformers' modeling on the kernels ({why})"
     return model
+
+
+def keep_cache_as(model: nn.Module, kv_cache_dtype: str) -> None:
+    """The caches `model` makes from now on keep keys and values in `kv_cache_dtype` (`--kv-cache-dtype`); a model
+    not on the native step (which alone keeps its own cache) is one ValueError naming why."""
+    dtype = kv_cache_dtype_of(kv_cache_dtype)
+    if not isinstance(model, NativeCausalLM):
+        why = getattr(model, "step_report", "not a .gguf target")
+        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype}: only the native decoder step of a .gguf target "
+                         f"keeps its cache in another type, and this target runs otherwise ({why}); drop the "
+                         "flag")  # fmt: skip
+    model.kv_cache_dtype = dtype

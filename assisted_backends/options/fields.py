@@ -100,6 +100,8 @@ REFUSED_OUTPUTS = {
     "output_attentions": "attention weights are not returned (the verify pass computes several positions at once)",
     "output_hidden_states": "hidden states are not returned (the verify pass computes several positions at once)",
 }
+# A queue's `logprobs=`: at most this many top tokens with each token's log-probability (OpenAI's bound).
+MAX_TOP_LOGPROBS = 20
 # What a queue of prompts (`generate_queue`) cannot serve per prompt, and the fix.
 QUEUE_REFUSED = {
     "input_ids": "a queue's prompts are its `prompts`: pass unpadded prompts",
@@ -107,8 +109,10 @@ QUEUE_REFUSED = {
     "token_type_ids": "per-column inputs belong to one batch: pass unpadded prompts",
     "position_ids": "per-column inputs belong to one batch: pass unpadded prompts",
     "streamer": "a streamer follows one batch: stream finished prompts with on_finish=",
-    "output_scores": "scores are not served by a queue: call generate() per batch for scores",
-    "output_logits": "logits are not served by a queue: call generate() per batch for logits",
+    "output_scores": "scores [B, V] per position belong to one batch: pass logprobs=k for each token's "
+    "log-probability and top k",
+    "output_logits": "logits [B, V] per position belong to one batch: pass logprobs=k for each token's "
+    "log-probability and top k (or call generate() per batch for raw logits)",
     "prefix_allowed_tokens_fn": "its batch_id would not name the prompt: call generate() per batch",
     "max_length": "max_length counts the prompt, and a queue's prompts have different lengths: pass max_new_tokens",
 }
@@ -217,6 +221,8 @@ REFUSALS: dict[str, tuple[RefusalKind, str]] = {
     "queue_empty_prompt": ("value", "{name}[{index}] is empty: every prompt needs at least one token"),
     "live_static": ("value", "{name} is not served by a live queue (its batch grows and shrinks); drop it"),
     "live_nothing": ("value", "{name} has nothing pending: call when a prompt has arrived"),
+    "queue_logprobs": ("value", "{name} must be an int from 0 to {most} (the top tokens kept with each token's "
+                       "log-probability) or None (off), got {value}"),
 }  # fmt: skip
 # The checks of `options.ranges` (plain Python, no torch): the range and combination rules of the options, their
 # refusals in `REFUSALS`. Planning runs them on a call's values, the CLI on its flags.

@@ -29,6 +29,17 @@ class OpenAIPenaltiesLogitsProcessor(LogitsProcessor):
             raise ValueError(f"prompt_length: {prompt_length} must be >= 0 (the prompt's token count)")
         self.presence, self.frequency, self.prompt_length = float(presence), float(frequency), prompt_length
 
+    @property
+    def counted_from(self) -> int:
+        """The first column of the ids it is given that counts (`engine.position_processors.CountPenalty`)."""
+        return self.prompt_length
+
+    def from_counts(self, scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """`scores − presence · [c > 0] − frequency · c` for the counts c (the scores' shape and dtype): the formula
+        every call applies, also to the gathered scores of the tokens seen when the engine scores all verified
+        positions at once."""
+        return scores - self.presence * (counts > 0).to(scores.dtype) - self.frequency * counts
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         answer = input_ids[:, self.prompt_length :]
         if answer.shape[1] == 0:
@@ -36,7 +47,7 @@ class OpenAIPenaltiesLogitsProcessor(LogitsProcessor):
         counts = torch.zeros(scores.shape, dtype=scores.dtype, device=scores.device)
         counts.scatter_add_(1, answer.to(scores.device), torch.ones(answer.shape, dtype=scores.dtype,
                                                                      device=scores.device))  # fmt: skip
-        return scores - self.presence * (counts > 0).to(scores.dtype) - self.frequency * counts
+        return self.from_counts(scores, counts)
 
 
 def penalty_processors(

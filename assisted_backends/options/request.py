@@ -56,12 +56,14 @@ class QueueShape:
     """A queue of prompts (`api.queue`), as planning takes it: `slots` batch rows, each refilled as its row ends,
     for `prompts` prompts whose longest is `longest` tokens (the buffer's width; the schedule's horizon is the
     tokens each slot makes over the queue). A live queue (`context` given: prompts keep arriving, each with its own
-    limit) has a buffer of `context` columns and no horizon."""
+    limit) has a buffer of `context` columns and no horizon. `logprobs`: each committed token's log-probability is
+    kept, with that many top tokens (`engine.outputs.LogprobRecord`)."""
 
     slots: int
     prompts: int
     longest: int
     context: int | None = None
+    logprobs: int | None = None  # the top tokens kept with each committed token's log-probability (None: none)
 
     @property
     def live(self) -> bool:

@@ -31,6 +31,7 @@ from assisted_backends.serve.schemas import GenerationRequest, chat_request, com
 from assisted_backends.serve.security import Keys, require_json, secure
 from assisted_backends.serve.text import TextTracker
 from assisted_backends.serve.tokenize import detokenize_request, tokenize_request
+from assisted_backends.serve.tool_calls import CallStream, assistant_message
 from assisted_backends.structured.response_format import ResponseFormatError, SchemaProcessors
 
 POLL_S = 0.25
@@ -181,12 +182,13 @@ def build_app(state: ServerState):
 
     schemas = SchemaProcessors(state.prompts.tokenizers.get, state.eos_ids, state.prompts.vocab_size)
 
-    def response_format(schema: str):
-        """The processor of a request's response_format schema (400 naming the part that cannot be served)."""
+    def response_format(schema: str, param: str | None = None):
+        """The processor of a request's response_format schema, or of a forced tool call's (`param`: "tools"); a
+        400 naming the part that cannot be served."""
         try:
             return schemas.get(schema)
         except ResponseFormatError as error:
-            raise invalid(error.field, str(error)) from None
+            raise invalid(param or error.field, str(error)) from None
 
     def cancel_unfinished(choices: Choices) -> None:
         for job in choices.jobs:
@@ -208,12 +210,15 @@ def build_app(state: ServerState):
             grammar = None
             if generation.json_schema is not None:  # compiled where prompts are made: its tokenizer copy
                 grammar = await loop.run_in_executor(state.tokenizing, response_format, generation.json_schema)
+            elif generation.tools is not None and generation.tools.constrained:  # tool_choice required or named
+                schema = generation.tools.call_schema()
+                grammar = await loop.run_in_executor(state.tokenizing, response_format, schema, "tools")
             while len(choices.items) < count:
                 index = len(choices.items)
                 events = JobEvents(loop, choices.changed)
                 job = Job(prompt, limit, generation.temperature, generation.top_p,
                           choice_seed(generation.seed, index), events.deliver, tenant, generation.top_k,
-                          generation.min_p, penalties, grammar)  # fmt: skip
+                          generation.min_p, penalties, grammar, logprobs=generation.logprobs)  # fmt: skip
                 tracker = TextTracker(state.prompts.tokenizers.get(), generation.stop, state.eos_ids, limit)
                 choices.items.append(Choice(index, job, events, tracker))
                 engine.submit(job)
@@ -221,7 +226,7 @@ def build_app(state: ServerState):
             engine.release(count - len(choices.items))
             cancel_unfinished(choices)
             raise
-        return choices, Reply(generation, state.model_name, len(prompt))
+        return choices, Reply(generation, state.model_name, len(prompt), choices)
 
     async def stream(choices: Choices, reply: Reply):
         try:
@@ -235,12 +240,11 @@ def build_app(state: ServerState):
                         yield reply.sse(engine_error(update.error).body())
                         failed = True
                         break
-                    delta = advance(choice, update)
-                    if delta:
-                        yield reply.sse(reply.chunk(choice.index, reply.content(delta), None))
+                    for delta in reply.deltas(choice, advance(choice, update)):
+                        yield reply.sse(reply.chunk(choice.index, delta, None))
                     if choice.tracker.finished:
                         end = {} if reply.request.chat else ""
-                        yield reply.sse(reply.chunk(choice.index, end, choice.tracker.finish_reason))
+                        yield reply.sse(reply.chunk(choice.index, end, reply.finish_reason(choice)))
             if not failed and reply.request.include_usage:
                 yield reply.sse({**reply.head("chunk"), "choices": [], "usage": reply.usage(choices)})
             yield "data: [DONE]\n\n"
@@ -253,10 +257,12 @@ def build_app(state: ServerState):
 class Reply:
     """The response bodies of one request, chat or text completion, whole or in chunks, of its choices."""
 
-    def __init__(self, request: GenerationRequest, model: str, prompt_tokens: int) -> None:
+    def __init__(self, request: GenerationRequest, model: str, prompt_tokens: int, choices: Choices) -> None:
         self.request, self.model, self.prompt_tokens = request, model, prompt_tokens
+        self.choices = choices  # each chunk carries its choice's new log-probabilities (`Choice.logprobs`)
         self.id = f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.calls: dict[int, CallStream] = {}  # per streamed choice, with tools: content split from calls
 
     def head(self, kind: str) -> dict:
         chat = self.request.chat
@@ -274,11 +280,22 @@ class Reply:
     def content(self, text: str):
         return {"content": text} if self.request.chat else text
 
+    def deltas(self, choice: Choice, text: str) -> list:
+        """The stream's deltas for `text`, new in `choice` (with tools: content, then the calls once finished)."""
+        if self.request.tools is None:
+            return [self.content(text)] if text else []
+        calls = self.calls.setdefault(choice.index, CallStream())
+        return calls.deltas(text, choice.tracker.finished)
+
+    def finish_reason(self, choice: Choice) -> str | None:
+        called = choice.index in self.calls and self.calls[choice.index].called
+        return "tool_calls" if called else choice.tracker.finish_reason
+
     def chunk(self, index: int, delta, finish_reason: str | None) -> dict:
         if self.request.chat:
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": self._logprobs(index), "finish_reason": finish_reason}
         else:
-            choice = {"index": index, "text": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": delta, "logprobs": self._logprobs(index), "finish_reason": finish_reason}
         return {**self.head("chunk"), "choices": [choice]}
 
     def whole(self, choices: Choices) -> dict:
@@ -288,9 +305,16 @@ class Reply:
     def _choice(self, choice: Choice) -> dict:
         tracker = choice.tracker
         if self.request.chat:
-            return {"index": choice.index, "message": {"role": "assistant", "content": tracker.sent},
-                    "logprobs": None, "finish_reason": tracker.finish_reason}  # fmt: skip
-        return {"index": choice.index, "text": tracker.sent, "logprobs": None, "finish_reason": tracker.finish_reason}
+            plain = {"role": "assistant", "content": tracker.sent}
+            message = assistant_message(tracker.sent) if self.request.tools is not None else plain
+            return {"index": choice.index, "message": message, "logprobs": choice.logprobs(True),
+                    "finish_reason": "tool_calls" if "tool_calls" in message else tracker.finish_reason}  # fmt: skip
+        return {"index": choice.index, "text": tracker.sent, "logprobs": choice.logprobs(False),
+                "finish_reason": tracker.finish_reason}  # fmt: skip
+
+    def _logprobs(self, index: int) -> dict | None:
+        """Choice `index`'s log-probabilities of the tokens shown since its last chunk (None: not asked)."""
+        return self.choices.items[index].logprobs(self.request.chat)
 
     @staticmethod
     def sse(payload: dict) -> str:

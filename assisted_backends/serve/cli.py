@@ -28,6 +28,7 @@ from assisted_backends.startup.flags import (
     add_model_flags,
     check_model_flags,
     device_names,
+    non_negative_int,
     positive_int,
 )
 
@@ -86,9 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument(
         "--max-body-mb", type=positive_int, default=32, metavar="MB", help="largest request body accepted (default 32)"
     )
-    server.add_argument("--no-prefix-cache", action="store_true", help="compute every prompt in full (default: keys "
-                        "and values of earlier prompts' prefixes are reused where that is exact: a .gguf target on "
-                        "the native step)")  # fmt: skip
+    server.add_argument("--prefill-chunk", type=non_negative_int, default=None, metavar="TOKENS",
+                        help="a prompt that arrives while others generate is computed this many tokens per round, so "
+                        "the running requests wait at most one chunk (default 256 where chunks are exact: a .gguf "
+                        "target on the native step; else whole; 0: whole)")  # fmt: skip
     server.add_argument("--prefix-cache-mb", type=positive_int, default=512, metavar="MB",
                         help="prefix cache memory; least recently used blocks go first (default 512)")  # fmt: skip
     server.add_argument(

@@ -12,6 +12,11 @@ sampled jobs share one when their temperature and top_p are equal (transformers'
 batch); a seeded sampled job runs alone, so that its seed reproduces its tokens. A waiting job of another kind
 than the running batch stops further joins, so that the batch drains and the job is next (no starvation).
 
+Jobs that ask for log-probabilities (`Job.logprobs`) share a batch with each other only: their call keeps every
+committed token's log-probability and top tokens (`engine.outputs.LogprobRecord`, from the scores the token was
+chosen from), and each job gets its own entries with its tokens (`Job.entries`, filled before the tokens are
+delivered); other batches compute none.
+
 Suffix decoding's index of earlier requests (`drafters.suffix.SuffixCache`) is filled here, with each finished
 job's prompt and tokens. With `isolated` (API keys set), every tenant (key) has its own index, and jobs of
 different tenants do not share a batch: one client's acceptance rate cannot reveal another's text.
@@ -46,7 +51,9 @@ class Job:
     thread: ("progress" | "finish", (start, the tokens from position `start` on)), ("error", message). `tenant`:
     the client's key, when suffix indexes are kept per key; `top_k`, `min_p`: the batch's warpers with the
     sampling options; `penalties`: (presence, frequency, repetition), its row's own processors; `grammar`: its
-    response_format's processor (`structured`, copied for its row), after the penalties."""
+    response_format's processor (`structured`, copied for its row), after the penalties; `logprobs`: the top tokens
+    wanted with each token's log-probability (None: none), whose `entries` (token, logprob, [(token, logprob)] of
+    the top) the engine thread fills before it delivers the tokens."""
 
     prompt: list[int]
     max_tokens: int
@@ -59,6 +66,8 @@ class Job:
     min_p: float = 0.0
     penalties: tuple[float, float, float] = (0.0, 0.0, 1.0)
     grammar: Any = None
+    logprobs: int | None = None
+    entries: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
     admitted: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     done: bool = False
@@ -69,11 +78,12 @@ class Job:
     @property
     def key(self) -> tuple:
         """Jobs with equal keys may share a batch (see the module docstring); the tenant first."""
+        scored = self.logprobs is not None
         if self.temperature == 0.0:
-            return (self.tenant, "greedy")
+            return (self.tenant, scored, "greedy")
         if self.seed is not None:
-            return (self.tenant, "seeded", self.number)
-        return (self.tenant, "sample", self.temperature, self.top_p, self.top_k, self.min_p)
+            return (self.tenant, scored, "seeded", self.number)
+        return (self.tenant, scored, "sample", self.temperature, self.top_p, self.top_k, self.min_p)
 
     def arguments(self) -> dict[str, Any]:
         """The sampling options of the batch this job starts, as `generate` takes them."""
@@ -219,13 +229,15 @@ class Engine:
                 prefix = getattr(self.generator, "prefix_cache", None)
                 if prefix is not None and self.isolated:  # a tenant's prefixes are named under its own salt
                     arguments["prefix_cache"] = prefix.cache.scope(head.tenant or "")
-            self._call(_Call(self, head.key), arguments)
+            self._call(_Call(self, head.key, _record(head)), arguments)
 
     def _call(self, call: _Call, arguments: dict[str, Any]) -> None:
         from assisted_backends.api.queue import generate_live
 
         self.calls += 1
         self.metrics.call_started()
+        if call.record is not None:
+            arguments = {**arguments, "logprobs": call.record}
         try:
             if call.pending():
                 stats = generate_live(
@@ -251,11 +263,23 @@ class Engine:
             self.metrics.queue_depth.set(len(self.waiting))
 
 
-class _Call:
-    """One call of the loop: the arrival source it polls (`api.queue.LiveSource`) and its callbacks."""
+def _record(head: Job) -> Any:
+    """The log-probabilities a call keeps: a `LogprobRecord` of the most top tokens a job may ask for, where its jobs
+    ask (the batch's key holds whether they do), else None."""
+    if head.logprobs is None:
+        return None
+    from assisted_backends.engine.outputs import LogprobRecord
+    from assisted_backends.options.fields import MAX_TOP_LOGPROBS
 
-    def __init__(self, engine: Engine, key: tuple) -> None:
-        self.engine, self.key, self.taken = engine, key, 0
+    return LogprobRecord(MAX_TOP_LOGPROBS)
+
+
+class _Call:
+    """One call of the loop: the arrival source it polls (`api.queue.LiveSource`), its callbacks and its jobs'
+    log-probabilities (`record`: None where they ask none)."""
+
+    def __init__(self, engine: Engine, key: tuple, record: Any = None) -> None:
+        self.engine, self.key, self.taken, self.record = engine, key, 0, record
 
     def pending(self) -> int:
         engine = self.engine
@@ -300,6 +324,7 @@ class _Call:
                 self.engine.metrics.ttft.observe(time.monotonic() - job.admitted)
             self.engine.metrics.tokens(count - start)
             job._sent = count
+            self._entries(index, job, count)
             job.deliver("progress", (start, tokens[start:].tolist()))
 
     def finish(self, index: int, tokens) -> None:
@@ -315,8 +340,21 @@ class _Call:
         engine.metrics.tokens(max(count - job._sent, 0))
         engine.metrics.duration.observe(time.monotonic() - job.admitted)
         start = min(job._sent, count)
+        self._entries(index, job, count)
         job.deliver("finish", (start, tokens[start:].tolist()))
         engine.indexes.remember(job, tokens)
+
+    def _entries(self, index: int, job: Job, count: int) -> None:
+        """The job's log-probability entries through its token `count` (row `index` of the record), each with the
+        job's own number of top tokens; the record forgets a row that ended."""
+        if self.record is None or job.logprobs is None:
+            return
+        kept, start, top = self.record.row(index), len(job.entries), job.logprobs
+        tokens, logprobs = kept.tokens[start:count].tolist(), kept.logprobs[start:count].tolist()
+        ids, values = kept.top_ids[start:count, :top].tolist(), kept.top_logprobs[start:count, :top].tolist()
+        job.entries.extend((token, value, list(zip(i, v))) for token, value, i, v in zip(tokens, logprobs, ids, values))
+        if job.done:
+            self.record.drop(index)
 
     def round(self, stats) -> None:
         self.engine.metrics.drafting(stats.drafted, stats.accepted)

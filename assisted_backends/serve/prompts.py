@@ -2,7 +2,8 @@
 
 Chat messages are rendered by the tokenizer's chat template (or the server's `--chat-template` file) with the
 assistant turn's opener, then tokenized without adding special tokens again (the template writes them), as
-`run-assisted-generation --chat` does; a completion's text is tokenized as `run-assisted-generation --prompt`
+`run-assisted-generation --chat` does; a request's tools are rendered by the template when it knows tools, else
+written into the messages (`tools`). A completion's text is tokenized as `run-assisted-generation --prompt`
 tokenizes it. A prompt plus its `max_tokens` must fit the context: refused with 400 naming the field otherwise.
 A text far longer than the context could hold is refused before it is tokenized.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from assisted_backends.serve.errors import APIError, invalid
 from assisted_backends.serve.schemas import GenerationRequest
 from assisted_backends.serve.tokenizers import PerThread
+from assisted_backends.serve.tools import as_generic, renders_tools
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,14 @@ class PromptMaker:
         if not self.has_chat_template:
             raise APIError(400, "messages: this model's tokenizer has no chat template; start the server with "
                            "--chat-template FILE or use /v1/completions", "messages", "no_chat_template")  # fmt: skip
+        tokenizer = self.tokenizers.get()
+        messages, tools = list(request.messages), request.tools
+        if renders_tools(self.chat_template or tokenizer.chat_template):
+            options = {"tools": tools.template_tools()} if tools is not None else {}
+        else:
+            messages, options = as_generic(messages, tools), {}
         try:
-            return self.tokenizers.get().apply_chat_template(
-                list(request.messages), tokenize=False, add_generation_prompt=True, chat_template=self.chat_template
-            )
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                 chat_template=self.chat_template, **options)  # fmt: skip
         except Exception as error:  # noqa: BLE001 - a template may raise on the order of roles
             raise invalid("messages", f"the chat template refused them: {error}") from None

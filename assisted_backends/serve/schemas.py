@@ -4,10 +4,12 @@ A body is a JSON object; each field has its type and range, and a refusal names 
 Served besides OpenAI's sampling fields: `n` choices, `presence_penalty` / `frequency_penalty` (OpenAI's, exact:
 `options.penalties`), and the vendor extras llama-server and vLLM take, `top_k`, `min_p`, `repetition_penalty`.
 Fields that would change the text in a way this server does not honour exactly are refused by name, all of them
-in one 400 (`errors.unsupported_fields`): `logprobs`, `top_logprobs`, `logit_bias`, `tools`, `echo`, `best_of` > 1,
-`suffix`. Chat's `response_format` (text, json_object, json_schema) is served through `structured` (exact with
-speculation). Fields without effect on the tokens (`user`, `metadata`, `store`, `service_tier`,
-`parallel_tool_calls`) are accepted and ignored; any other field is refused as unknown.
+in one 400 (`errors.unsupported_fields`): `logit_bias`, `echo`, `best_of` > 1, `suffix`. `logprobs` (chat's with
+`top_logprobs`) is served from the scores each token was chosen from (`serve.choices`). Chat's `response_format`
+(text, json_object, json_schema) is served through `structured` (exact with
+speculation); chat's `tools`, `tool_choice`, `parallel_tool_calls` and tool turns through `tools`. Fields without
+effect on the tokens (`user`, `metadata`, `store`, `service_tier`) are accepted and ignored (`parallel_tool_calls`
+too, by completions); any other field is refused as unknown.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from dataclasses import dataclass
 from json.decoder import WHITESPACE, scanstring
 from typing import Any
 
+from assisted_backends.options.fields import MAX_TOP_LOGPROBS
 from assisted_backends.serve.errors import APIError, invalid, unsupported, unsupported_fields
+from assisted_backends.serve.tools import ToolRequest, tool_request, tool_turn
 
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
 COMMON = frozenset({
@@ -28,7 +32,7 @@ COMMON = frozenset({
 })  # fmt: skip
 TEXT_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "response_format"}
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1024
 MAX_TEMPERATURE = 2.0
@@ -37,6 +41,7 @@ SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # the seeds torch takes
 SHOWN_CHARS = 60  # of a client's value quoted in a message
 MAX_CHOICES = 16  # n
 MAX_REPETITION_PENALTY = 10.0
+MAX_COMPLETION_LOGPROBS = 5  # completions' `logprobs` (chat's `top_logprobs`: `MAX_TOP_LOGPROBS`)
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,8 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     json_schema: str | None = None  # response_format's JSON Schema text (`structured.response_format`); None: text
+    logprobs: int | None = None  # top tokens sent with each token's log-probability (`_logprobs`); None: none
+    tools: ToolRequest | None = None  # the functions the answer may call (`tools`); None: no call parsed
 
     @property
     def greedy(self) -> bool:
@@ -211,16 +218,25 @@ def _refuse_unsupported(body: dict, known: frozenset[str]) -> None:
 
 def _unsupported(body: dict) -> list[tuple[str, str | bool]]:
     """(field, why it is refused, or False when its value is served) for each field served only in part."""
-    tools = body.get("tools") not in (None, []) or body.get("tool_choice") not in (None, "none", "auto")
     return [
-        ("logprobs", body.get("logprobs") not in (None, False, 0) and "log probabilities are not returned; omit it"),
-        ("top_logprobs", body.get("top_logprobs") not in (None, 0) and "log probabilities are not returned"),
         ("logit_bias", body.get("logit_bias") not in (None, {}) and "biased logits are not served; omit it"),
-        ("tools", tools and "tool calls are not parsed by this server; describe the tools in the messages"),
         ("echo", body.get("echo") not in (None, False) and "the prompt is not echoed back; omit it"),
         ("best_of", body.get("best_of") not in (None, 1) and "one candidate per request (best_of = 1); use n"),
         ("suffix", body.get("suffix") not in (None, "") and "insertion (fill-in-the-middle) is not served"),
     ]  # fmt: skip
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """The top tokens wanted with each token's log-probability, None for none: chat's `logprobs` (a boolean) with
+    `top_logprobs` (0 to 20), completions' `logprobs` (0 to 5, OpenAI's bounds)."""
+    if not chat:
+        return _integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if not boolean_field(body, "logprobs"):
+        if top is not None:
+            raise invalid("top_logprobs", "needs logprobs: true")
+        return None
+    return top or 0
 
 
 def _model(body: dict) -> str:
@@ -268,6 +284,7 @@ def _shared(body: dict, chat: bool) -> dict[str, Any]:
         presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
         frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0),
         repetition_penalty=_number(body, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY, 1.0, open_low=True),
+        logprobs=_logprobs(body, chat),
     )
 
 
@@ -315,6 +332,10 @@ def _messages(value: Any) -> tuple[dict, ...]:
         role = message.get("role")
         if role not in ROLES:
             raise invalid(f"messages[{index}].role", f"must be one of {', '.join(ROLES)}, got {shown(role)}")
+        if role == "tool" or message.get("tool_calls") is not None:
+            content = None if message.get("content") is None else _content(message, index)
+            messages.append(tool_turn(message, index, content))
+            continue
         if set(message) - {"role", "content", "name"}:
             extra = shown(sorted(set(message) - {"role", "content", "name"})[0])
             raise unsupported(f"messages[{index}].{extra}", "only role, content and name are served")
@@ -334,8 +355,12 @@ def completion_request(body: dict[str, Any]) -> GenerationRequest:
 def chat_request(body: dict[str, Any]) -> GenerationRequest:
     """A `/v1/chat/completions` body, checked."""
     _refuse_unsupported(body, CHAT_FIELDS)
+    tools = tool_request(body)
+    schema = _json_schema(body.get("response_format"))
+    if schema is not None and tools is not None and tools.constrained:
+        raise invalid("tool_choice", "a forced call and response_format cannot both hold the answer; send one")
     return GenerationRequest(chat=True, messages=_messages(body.get("messages")), **_shared(body, chat=True),
-                             json_schema=_json_schema(body.get("response_format")))  # fmt: skip
+                             json_schema=schema, tools=tools)  # fmt: skip
 
 
 def _json_schema(value: Any) -> str | None:

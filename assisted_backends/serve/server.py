@@ -95,6 +95,8 @@ def build_state(args: argparse.Namespace, name: str):
         arguments["num_assistant_tokens"] = args.num_assistant_tokens
     if args.schedule is not None:
         arguments["schedule"] = args.schedule
+    if args.prefill_chunk is not None:
+        arguments["prefill_chunk"] = args.prefill_chunk
     metrics = Metrics(args.slots)
     threads = pair.threads.threads if pair.threads is not None else None
     engine = Engine(generator, args.slots, args.max_waiting, context, arguments, metrics, threads,

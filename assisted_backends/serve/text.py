@@ -14,6 +14,7 @@ once whole (special tokens skipped), the text a plain `decode` gives.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 REPLACEMENT = "\ufffd"  # an incomplete UTF-8 sequence, completed by a later token
@@ -81,6 +82,13 @@ class TextTracker:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def tokens_shown(self) -> int:
+        """The tokens whose characters are all in `sent` (once finished: the completion's tokens)."""
+        if self.finished:
+            return self.completion_tokens
+        return bisect.bisect_right(self._ends, len(self.sent))
 
     def _decode_next(self, token: int) -> None:
         """Append `token`; its characters join the text once the window's text ends in a complete character (or

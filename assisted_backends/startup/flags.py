@@ -56,6 +56,7 @@ def cli_spelling(option: str, value: Any = NO_VALUE) -> str:
 
 
 DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
+KV_CACHE_DTYPES = ("fp32", "fp16", "bf16")  # the names of native.decoder_cache.KV_CACHE_DTYPES (torch-free here)
 DRAFT_PRECISIONS = ("fp32", "bf16", "int8", "int4", "w8af32")
 HEAD_PRECISIONS = ("auto", "float", "bf16", "int8", "int4")  # drafters/eagle/precision.py's (a test keeps them equal)
 
@@ -90,6 +91,14 @@ def positive_int(text: str) -> int:
     value = integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """Text to int >= 0 (0 meaning off, as the flag's help says)."""
+    value = integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or a positive integer, got {value}")
     return value
 
 
@@ -242,6 +251,14 @@ def add_device_flags(parser: argparse.ArgumentParser, devices: list[str]) -> Non
     device.add_argument(*both("head_precision"), dest="head_precision", choices=HEAD_PRECISIONS, default=None,
                         help="an EAGLE-3 head's precision (default auto: its linear layers int8 on the package's "
                         "kernels when the target runs on them, else float, the target's activation dtype)")  # fmt: skip
+    device.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=None,
+                        help="what a .gguf target's native step keeps its keys and values in (default fp32: tokens "
+                        "equal transformers' modeling on the same weights; fp16/bf16 halve the cache's bytes, which "
+                        "long contexts read every step: plain and assisted decoding still agree, but the tokens may "
+                        "differ from fp32's by the cache's rounding)")  # fmt: skip
+    device.add_argument("--no-prefix-cache", action="store_true",
+                        help="compute every prompt in full (default: keys and values of earlier prompts' prefixes "
+                        "are reused where that is exact: a .gguf target on the native step)")  # fmt: skip
     device.add_argument(
         *both("static_shapes"),
         dest="static_shapes",

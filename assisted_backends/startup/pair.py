@@ -24,6 +24,7 @@ from assisted_backends.drafters.eagle.build import head_precision, is_eagle_head
 from assisted_backends.drafters.eagle.precision import HeadPrecision
 from assisted_backends.drafters.suffix.cache import SuffixCache
 from assisted_backends.loading.open import is_gguf, open_model
+from assisted_backends.native.decoder_model import keep_cache_as
 from assisted_backends.options.errors import OptionError
 from assisted_backends.startup.choice import demo_models, draft_for
 from assisted_backends.startup.threads import ThreadChoice, initial_choice, probe, probe_applies
@@ -133,6 +134,8 @@ def open_pair(args: argparse.Namespace, kind: type[Opened] = OpenedPair) -> Open
     if args.model is not None:
         draft_name = draft_for(args, opened, notices)
     target = opened.model
+    if args.kv_cache_dtype is not None:
+        keep_cache_as(target, args.kv_cache_dtype)
     launch = distributed.launch_context()
     if launch is not None:  # deepspeed / torchrun: shard the target (AutoTP); every rank keeps a full draft
         distributed.init_distributed(launch, backend.name)

@@ -10,7 +10,8 @@ forbids after them. So the mask never depends on which calls came before, only o
 
 Tokens the grammar forbids can sit inside a verified prefix (a draft proposed them): the matcher stops at the
 first one and the positions after it are left unmasked (their tokens are rejected anyway: the forbidden draft
-token has probability 0 under the masked p). EOS ids are allowed only where the grammar is complete.
+token has probability 0 under the masked p). The engine asks first (`allowed_count`) and verifies no draft past
+the first forbidden one (`TokenSelector.allowed_drafts`). EOS ids are allowed only where the grammar is complete.
 """
 
 from __future__ import annotations
@@ -87,12 +88,27 @@ class GrammarProcessor(LogitsProcessor):
         vocab = scores.shape[-1]
         allowed = torch.ones(scores.shape, dtype=torch.bool)
         for row, ids in enumerate(input_ids.tolist()):
-            lane = self._lanes.get(row)
-            if lane is None or not lane.continues(ids):
-                lane = self._lanes[row] = _Lane(self.grammar_for(ids), ids)
+            lane = self._lane(row, ids)
             if lane.follow(ids[len(lane.prompt) :]):
                 allowed[row] = lane.allowed(vocab)
         return torch.where(allowed.to(scores.device), scores, float("-inf"))
+
+    def allowed_count(self, prefix: list[int], drafts: list[int]) -> int:
+        """How many of `drafts` the grammar allows in a row after `prefix` (one sequence's ids, as a call would
+        give them): the engine verifies no draft past the first forbidden one (`TokenSelector.allowed_drafts`)."""
+        lane = self._lane(0, prefix)
+        generated = prefix[len(lane.prompt) :]
+        if not lane.follow(generated):
+            return 0
+        lane.follow(generated + drafts)
+        return len(lane.consumed) - len(generated)
+
+    def _lane(self, row: int, ids: list[int]) -> _Lane:
+        """Row `row`'s sequence, started anew when `ids` is not its prompt followed by generated tokens."""
+        lane = self._lanes.get(row)
+        if lane is None or not lane.continues(ids):
+            lane = self._lanes[row] = _Lane(self.grammar_for(ids), ids)
+        return lane
 
 
 class PromptGrammars(GrammarProcessor):

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decoder_models import prompt, tiny_llama
+from decoder_models import native_only, prompt, tiny_llama
 from tiny_models import tiny_model
 
 from assisted_backends.api.generation import AssistedGenerator, generate, generate_queue
 from assisted_backends.engine.prefix_cache import PrefixCache
-from assisted_backends.native import decoder_build, extension
 
-native_only = pytest.mark.skipif(
-    not extension.available() or bool(decoder_build.why_unavailable()),
-    reason="the native decoder needs the package's kernels and a compiler",
-)
 pytestmark = pytest.mark.usefixtures("one_thread")
 NEW = 12
 BLOCK = 8

@@ -282,6 +282,7 @@ def test_the_cli_session_runs_both_its_generates_on_a_graph_wrapped_target():
     args = argparse.Namespace(
         do_sample=False, temperature=None, top_k=None, top_p=None, repetition_penalty=1.2, prompt_lookup=None,
         assistant_early_exit=None, num_assistant_tokens=None, schedule="adaptive", seed=None, static_shapes=False,
+        no_prefix_cache=False,
     )  # fmt: skip
     session = Session(args=args, backend=backend, target=wrapped, tokenizer=tokenizer, draft=wrapped_draft)
     prompt = random_prompt(6, seed=6)

@@ -11,7 +11,13 @@ import pytest
 import torch
 from quantized_fixtures import QUANTIZABLE, random_blocks
 
+from assisted_backends.native import decoder_build, extension
+
 VOCAB = 384
+native_only = pytest.mark.skipif(
+    not extension.available() or bool(decoder_build.why_unavailable()),
+    reason="the native decoder needs the package's kernels and a compiler",
+)
 # matrix -> GGUF format: 4- and 8-bit codes, with and without zeros (a K-quant, which gguf cannot quantize, is
 # written as random blocks)
 FORMATS = {"attn_q": "Q5_1", "attn_k": "Q5_1", "attn_v": "Q5_1", "attn_output": "Q5_0", "ffn_gate": "Q4_0",

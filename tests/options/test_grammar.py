@@ -229,16 +229,29 @@ def _exact_answers(
     return answers
 
 
+class _Unchecked(structured.GrammarProcessor):
+    """The same mask, without telling the engine which drafts it forbids (every draft is verified)."""
+
+    allowed_count = None
+
+    def for_new_sequence(self) -> _Unchecked:
+        return _Unchecked(self.grammar)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["prompt lookup", "draft model"])
 def test_sampling_under_a_grammar_keeps_the_plain_distribution(pair, drafter):
     """Answers sampled with a drafter under a regex follow the exact distribution plain sampling has under it
-    (chi-square, false alarms <= 1e-3), and the test tells sampling at another temperature apart."""
+    (chi-square, false alarms <= 1e-3), and the test tells sampling at another temperature apart. Prompt lookup's
+    drafts are all verified (`_Unchecked`), so that the rejection rule meets drafts the mask forbids; the draft
+    model's drafts come from its own masked scores."""
     from stats_tools import chi_square_p_value
 
     target, draft, tokenizer = pair
     ids = tokenizer("a = True\nb = None\nc = False\nd =", return_tensors="pt").input_ids
     processor = structured.regex(r" (True|False|None)\n", tokenizer)
+    if drafter == "prompt lookup":
+        processor = _Unchecked(processor.grammar)
     eos = tokenizer.eos_token_id
     exact = _exact_answers(target, ids, processor, eos, depth=6)
     other = _exact_answers(target, ids, processor, eos, depth=6, temperature=2.0)
@@ -258,3 +271,20 @@ def test_sampling_under_a_grammar_keeps_the_plain_distribution(pair, drafter):
     wrong = torch.tensor([*(other.get(cell, 0.0) for cell in cells), 0.0], dtype=torch.float64)
     wrong[-1] = max(0.0, 1 - float(wrong.sum()))
     assert chi_square_p_value(counts, wrong) < 1e-3, "power check: another distribution must be told apart"
+
+
+def test_drafts_the_grammar_forbids_are_not_verified(pair):
+    """Prompt lookup proposes the prompt's own JSON keys, which the schema forbids: with the processor's
+    `allowed_count` the round verifies no draft past the first forbidden one (`TokenSelector.allowed_drafts`):
+    fewer drafts fed, the same drafts accepted, the same tokens."""
+    target, _, tokenizer = pair
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    grammar = structured.json_schema(PERSON, tokenizer).grammar
+    cut, uncut = (
+        assisted_backends.generate(target, ids, max_new_tokens=NEW_TOKENS, logits_processor=[kind(grammar)],
+                                   prompt_lookup_num_tokens=4, num_assistant_tokens=4, schedule="constant")
+        for kind in (structured.GrammarProcessor, _Unchecked)
+    )  # fmt: skip
+    assert torch.equal(cut.sequences, uncut.sequences)
+    assert cut.stats.accepted == uncut.stats.accepted and cut.stats.rounds == uncut.stats.rounds
+    assert cut.stats.drafted < uncut.stats.drafted, (cut.stats.drafted, uncut.stats.drafted)

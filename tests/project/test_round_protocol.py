@@ -31,7 +31,8 @@ RUNNER_METHODS = {
     "tree_refusal": ["self"],
     "rollback": ["self", "length"],
     "move_rows": ["self", "move", "length"],
-    "insert_row": ["self", "slot", "prompt", "begin", "keep", "width", "pad_id"],
+    "row_pass": ["self", "prompt", "width", "pad_id"],
+    "insert_row": ["self", "slot", "row", "begin", "keep"],
     "tap_features": ["self", "tap"],
 }
 RUNNER_ATTRIBUTES = {"length", "forward_count", "resizable", "head"}

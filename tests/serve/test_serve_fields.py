@@ -57,16 +57,16 @@ def test_vendor_extras_reach_the_batch_and_harmless_fields_are_ignored(loop, tok
 
 
 def test_what_cannot_be_honoured_is_refused_by_name_in_one_400(loop, tokenizer):
-    body = {"model": "demo", "prompt": "x", "logprobs": 2, "logit_bias": {"5": 1}, "echo": True}
+    body = {"model": "demo", "prompt": "x", "best_of": 2, "logit_bias": {"5": 1}, "echo": True}
     with running(scripted_state(tokenizer)) as (url, _, _):
         several = _post(url, "/v1/completions", body)
         one = _post(url, "/v1/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "x"}],
-                                                  "tools": [{"type": "function"}]})  # fmt: skip
+                                                  "logit_bias": {"5": 1}})  # fmt: skip
     assert several.status_code == 400 and not loop.calls
     error = several.json()["error"]
-    assert error["code"] == "unsupported_parameter" and error["param"] == "logprobs"
-    assert all(name in error["message"] for name in ("logprobs", "logit_bias", "echo")) and "\n" not in error["message"]
-    assert one.status_code == 400 and one.json()["error"]["param"] == "tools"
+    assert error["code"] == "unsupported_parameter" and error["param"] == "logit_bias"
+    assert all(name in error["message"] for name in ("best_of", "logit_bias", "echo")) and "\n" not in error["message"]
+    assert one.status_code == 400 and one.json()["error"]["param"] == "logit_bias"
 
 
 def test_penalties_become_the_rows_own_processors(loop, tokenizer):

@@ -130,7 +130,7 @@ BAD_BODIES = [
     (json.dumps({"model": "demo", "prompt": "x", "top_k": -2}), 400, "top_k"),
     (json.dumps({"model": "demo", "prompt": "x", "min_p": 1.5}), 400, "min_p"),
     (json.dumps({"model": "demo", "prompt": "x", "stop": 3}), 400, "stop"),
-    (json.dumps({"model": "demo", "prompt": "x", "logprobs": 2}), 400, "logprobs"),
+    (json.dumps({"model": "demo", "prompt": "x", "logprobs": 6}), 400, "logprobs"),
     (json.dumps({"model": "demo", "prompt": "x", "bogus": 1}), 400, "bogus"),
     (json.dumps({"model": "demo", "prompt": [5, -1]}), 400, "prompt"),
     (json.dumps({"model": "demo", "prompt": [10**9]}), 400, "prompt"),
@@ -164,7 +164,8 @@ CHAT_BAD = [
     ({"model": "demo", "messages": []}, "messages"),
     ({"model": "demo", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"model": "demo", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ({"model": "demo", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"model": "demo", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     "tools[0].function"),
     ({"model": "demo", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
       "max_completion_tokens": 4}, "max_completion_tokens"),
 ]  # fmt: skip

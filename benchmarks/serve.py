@@ -41,6 +41,7 @@ from benchmarks.harness import command_line, write_result
 MODEL = "smollm2-135m-instruct"
 SERVED = "smollm2"
 START_S = 300
+CONTEXT = 4096  # tokens per request (slot) on both servers: an agent's ~2,100-token prompt and its answer fit
 
 
 def chat_prompts(tokenizer, count: int, max_prompt: int = 256) -> list[list[dict]]:
@@ -117,14 +118,14 @@ def ours(gguf: Path, speculate: bool, threads: int, slots: int) -> ServerProcess
     drafting = ["--prompt-lookup", "10"] if speculate else ["--no-assisted"]
     command = [sys.executable, "-m", "assisted_backends.serve", "-m", str(gguf), "--served-model-name", SERVED,
                "--port", str(port), "--threads", str(threads), "--slots", str(slots), "--max-waiting", "64",
-               "--context", "2048", *drafting]  # fmt: skip
+               "--context", str(CONTEXT), *drafting]  # fmt: skip
     return ServerProcess(command, port, "/health", {"HF_HUB_OFFLINE": "1"})
 
 
 def llama(binary: Path, gguf: Path, speculate: bool, threads: int, slots: int) -> ServerProcess:
     port = _free_port()
     command = [str(binary), "-m", str(gguf), "--alias", SERVED, "--host", "127.0.0.1", "--port", str(port),
-               "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(2048 * slots),
+               "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(CONTEXT * slots),
                "--spec-type", "ngram-simple" if speculate else "none", "--no-webui"]  # fmt: skip
     return ServerProcess(command, port, "/health")
 

@@ -190,7 +190,7 @@ def _count_penalty(penalty: CountPenalty, positions: _Positions, scores: _Scores
 
 
 def _repetition(processor: RepetitionPenaltyLogitsProcessor, positions: _Positions, scores: _Scores) -> bool:
-    ignored = processor.prompt_ignore_length
+    ignored = getattr(processor, "prompt_ignore_length", None)  # transformers < 4.56 has none: nothing ignored
     if ignored is not None and not isinstance(ignored, int):
         return False  # per-row lengths (a tensor): per position
     return _count_penalty(_RepetitionByCounts(processor.penalty, ignored or 0), positions, scores)

@@ -251,9 +251,9 @@ def grow_for_waiting(state: QueueState) -> None:
 
 
 def join(state: QueueState, slot: int, taken: Taken) -> None:
-    """Steps 1-5 for the `taken` prompt at `slot` (its pass computed): room, tokens, its keys and values, the first
-    token (committed; the row ends at once where it ends there, or where its caller left while it was computed), the
-    drafter."""
+    """Steps 1-5 for the `taken` prompt at `slot`: room, tokens, its keys and values (its pass finished here, or
+    already in chunks), the first token (committed; the row ends at once where it ends there, or where its caller
+    left while it was computed), the drafter."""
     began = time.perf_counter()
     slots, settings, refill, arrival = state.slots, state.settings, state.settings.refill, taken.arrival
     length = arrival.prompt.shape[0]

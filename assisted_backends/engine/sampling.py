@@ -118,13 +118,13 @@ class TokenSelector:
         prefix taken from where its processors see it (`scores`)."""
         if count == 0:
             return 0
-        starts, own, longest = slots.row_starts(), self._row_prefix_processors or {}, 0
+        own, longest = self._row_prefix_processors or {}, 0
         for b in slots.live():
             checks: list[DraftCheck] = [p for p in own.get(slots.caller_rows[b], self._prefix_processors)
                                         if callable(getattr(p, "allowed_count", None))]  # fmt: skip
-            if not checks:
+            if not checks:  # the common case: no grammar, nothing read from the device
                 return count
-            begin = starts.starts[b] if starts is not None else self.offset
+            begin = slots.padding.host[b] if slots.batched else self.offset
             prefix, drafts = slots.ids[b, begin:start].tolist(), slots.ids[b, start : start + count].tolist()
             longest = max(longest, min(check.allowed_count(prefix, drafts) for check in checks))
             if longest == count:

@@ -71,28 +71,32 @@ def prose_words(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Document:
+    """A text file: `name` is its path under the root it was read from (the file's own name when given
+    directly), so the held-out split does not depend on where the files sit."""
+
     name: str
     text: str
 
 
 def read_documents(paths: list[str | Path], extensions: tuple[str, ...] = DEFAULT_EXTENSIONS) -> list[Document]:
     """Every readable UTF-8 file under `paths` (files as given, directories recursively by extension), sorted."""
-    files: list[Path] = []
+    files: dict[Path, str] = {}
     for path in map(Path, paths):
         if path.is_dir():
-            files += [p for p in path.rglob("*") if p.is_file() and p.suffix in extensions]
+            files.update({p: p.relative_to(path).as_posix() for p in path.rglob("*")
+                          if p.is_file() and p.suffix in extensions})  # fmt: skip
         elif path.is_file():
-            files.append(path)
+            files[path] = path.name
         else:
             raise FileNotFoundError(f"no such file or directory: {path}")
     documents = []
-    for file in sorted(set(files)):
+    for file in sorted(files):
         try:
             text = file.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
         if len(text.strip()) >= 200:
-            documents.append(Document(str(file), text))
+            documents.append(Document(files[file], text))
     if not documents:
         raise ValueError(f"no text of at least 200 characters found under {[str(p) for p in paths]}")
     return documents
@@ -123,14 +127,14 @@ class PromptSource:
         self.chat_share = chat_share
         self.templated = getattr(tokenizer, "chat_template", None) is not None
         self.open_share = open_share
-        self._words: dict[str, list[str]] = {}
+        self._words: dict[int, list[str]] = {}
 
     def _topic(self) -> str | None:
         """One or two prose words of a random document (None when it has none)."""
-        doc = self.random.choice(self.documents)
-        if doc.name not in self._words:
-            self._words[doc.name] = prose_words(doc.text)
-        words = self._words[doc.name]
+        index = self.random.randrange(len(self.documents))
+        if index not in self._words:
+            self._words[index] = prose_words(self.documents[index].text)
+        words = self._words[index]
         if not words:
             return None
         if self.random.random() < 0.3:

@@ -202,6 +202,10 @@ class _VerifyCost:
         own = self.by_size.get(size)
         return own.samples if own is not None else 0
 
+    def settled_at_most(self, size: int) -> bool:
+        """Whether some size <= `size` was measured at least twice."""
+        return any(q <= size and ema.samples >= 2 for q, ema in self.by_size.items())
+
     def __call__(self, size: int) -> float:
         measured = sorted((q, ema.value, ema.samples) for q, ema in self.by_size.items())
         if not measured:
@@ -230,8 +234,10 @@ class AdaptiveSchedule:
     α_i come from `_PositionAcceptance` (decayed counts), t_v(B, q) from `_VerifyCost` keyed by the tokens a
     pass feeds (M = B·q, B the live batch of `observe_batch`), t_d(B) from the draft time per drafted token. The
     first two rounds are plain (measure t_v(1)); the next one drafts `initial` tokens (measure t_d, t_v(initial
-    + 1) and α_1..α_initial), and so does a second one if the first accepted anything. Then γ follows the
-    estimates; an unmeasured t_v(q) is taken as the largest measured one and an unreached α_i as α_{i−1}, so a
+    + 1) and α_1..α_initial), and so does a second one if the first accepted anything (a free drafter explores at
+    once). Then γ follows the estimates, once plain decoding's time at the live batch rests on two passes (one may
+    be a warm-up's: a single inflated t_v(B) kept prompt lookup drafting at 8 rows where plain rounds were 3x
+    cheaper); an unmeasured t_v(q) is taken as the largest measured one and an unreached α_i as α_{i−1}, so a
     good draft is pushed deeper round by round, and while plain decoding wins, a γ = 1 probe (the cheapest) runs
     now and then, ever more rarely while probes find nothing (`probe_wait`). A switch to speculation must beat
     plain decoding by `margin`, so break-even pairs (c ≈ α) stay plain. A draft whose try would cost more than
@@ -360,6 +366,8 @@ class AdaptiveSchedule:
             # measure α_i, t_d and t_v(initial + 1): one round for a draft that got nothing right,
             # two for one that did, so that a single warm-up-inflated time does not end speculation
             gamma = self.initial
+        elif self.verify_cost.samples(self.batch) == 1 and not self.verify_cost.settled_at_most(self.batch):
+            gamma = 0  # plain decoding's time rests on one pass, perhaps a warm-up's: measure it again before comparing
         else:
             gamma = self.best_gamma()
             if gamma == 0 and self.plain_streak >= self.probe_wait() and self.worth_probing():

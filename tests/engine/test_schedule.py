@@ -270,6 +270,24 @@ def test_a_free_drafter_finds_a_copied_span_after_spurious_matches():
     assert sum(gamma >= 5 for gamma in copying) >= 0.8 * len(copying), schedule.chosen
 
 
+def test_one_inflated_plain_pass_does_not_keep_a_batch_drafting():
+    """Prompt lookup over 8 rows deep in a shared prompt (the agent set through the server): the first plain pass
+    took 480 ms (a warm-up), later ones 110 ms, a pass over γ + 1 = 9 or 11 tokens per row 600 ms, and one row in
+    eight accepts a few tokens. On the single inflated sample the schedule judged plain decoding 4x dearer than it
+    is and kept drafting (7 of the first 10 rounds); plain decoding's time is measured again first now."""
+    schedule = AdaptiveSchedule(max_gamma=10, cost_prior=0.0)
+    schedule.observe_batch(8)
+    plain_passes = iter([0.48] + [0.11] * 100)
+    for round_index in range(40):
+        gamma = schedule.draft_length() if round_index else 0 * schedule.draft_length()  # the first: no match
+        rows = (3,) + (0,) * 7 if gamma else (0,) * 8
+        verify = next(plain_passes) if gamma == 0 else 0.6
+        schedule.update(RoundObservation(gamma, sum(rows), 0.001 * gamma, verify, rows, 8))
+    assert sum(gamma > 0 for gamma in schedule.chosen[:10]) <= 3, schedule.chosen  # the exploration rounds
+    assert all(gamma == 0 for gamma in schedule.chosen[10:]), schedule.chosen
+    assert schedule.verify(1) < 0.12
+
+
 def test_no_probe_when_too_few_tokens_are_left_to_use_what_it_finds():
     """A useless draft: probes every `probe_interval()` plain rounds, but none in the last interval of the
     generation when the schedule knows its horizon (each round here makes one token)."""

@@ -1,19 +1,23 @@
 """`assisted-serve` against llama-server on SmolLM2-135M-Instruct's `.gguf` (Q4_1, from its PyPI wheel), as
-clients see them: the same chat prompts (first user turns of held-out ShareGPT conversations, through each
-server's chat template), streamed, greedy, at concurrency 1, 4 and 8, each server with speculation off and on.
+clients see them: the same chat prompts (`benchmarks.serve_prompts`, through each server's chat template),
+streamed, greedy, each server with speculation off and on, in a closed loop at concurrency 1, 4 and 8 and, with
+`--poisson`, in an open loop at each given rate (requests/s, Poisson arrivals: `benchmarks.serve_load`).
 
-    python -m benchmarks.serve [--prompts 16] [--max-tokens 64] [--threads 2] [--concurrency 1 4 8] [--set agent]
+    python -m benchmarks.serve [--prompts 16] [--max-tokens 64] [--threads 2] [--concurrency 1 4 8]
+                               [--set chat|agent|code] [--poisson 0.5 1 2] [--ttft-slo 2] [--tpot-slo 0.1]
 
 Speculation on: this package's prompt lookup (`--prompt-lookup 10`, the adaptive schedule) and llama-server's
 n-gram drafting (`--spec-type ngram-simple`); off: `--no-assisted` and `--spec-type none`. Both servers get the
-same threads and 8 slots. Per configuration: requests/s, output tokens/s (all requests' tokens over the wall
-time from the first request to the last answer), time to first token and the gaps between streamed chunks
-(p50, p99), time per output token after the first (p50, p99), and whether every greedy answer is the same text
-at every concurrency (the servers' batching must not change answers). `--set agent`: an agent's traffic instead
-(`agent_prompts`: a ~2,000-token tool catalogue resent with every ask), where each server's prompt cache decides
-the time to first token (this package's prefix cache and llama-server's prompt cache, both on by default).
-llama-server is built from the llama.cpp that llama-cpp-python vendors (`benchmarks.serve_build`). Writes
-benchmarks/results/serve.json.
+same threads and 8 slots. Per configuration and load: requests/s, output tokens/s (all requests' tokens over the
+wall time from the first request to the last answer), time to first token and the gaps between streamed chunks
+(p50, p99), time per output token after the first (p50, p99), errors, goodput (requests/s within `--ttft-slo`
+and `--tpot-slo`); whether every greedy answer is the same text at every concurrency (the servers' batching must
+not change answers); and the draft tokens proposed and accepted over all its loads, read from each server's
+`/metrics` (llama-server's with `--metrics`). `--set agent`: an agent's traffic instead (a ~2,000-token tool
+catalogue resent with every ask), where each server's prompt cache decides the time to first token (this
+package's prefix cache and llama-server's prompt cache, both on by default). `--set code`: HumanEval's problems
+asked as completions, explanations and fixes. llama-server is built from the llama.cpp that llama-cpp-python
+vendors (`benchmarks.serve_build`). Writes benchmarks/results/serve.json.
 
 Read the figures as ratios between servers measured in one run on one machine; the CPU, its flags and the load
 average are in the result file.
@@ -22,12 +26,9 @@ average are in the result file.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
-import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -37,44 +38,12 @@ from pathlib import Path
 import httpx
 
 from benchmarks.harness import command_line, write_result
+from benchmarks.serve_load import SERVED, Slo, closed_loop, one_request, open_loop, read_metrics, speculation
+from benchmarks.serve_prompts import agent_prompts, chat_prompts, code_prompts
 
 MODEL = "smollm2-135m-instruct"
-SERVED = "smollm2"
 START_S = 300
 CONTEXT = 4096  # tokens per request (slot) on both servers: an agent's ~2,100-token prompt and its answer fit
-
-
-def chat_prompts(tokenizer, count: int, max_prompt: int = 256) -> list[list[dict]]:
-    """The first user turn of `count` held-out ShareGPT conversations (train-draft's split) of at most
-    `max_prompt` tokens."""
-    from benchmarks.eagle_chat import held_out_conversations
-
-    chosen = []
-    for messages in held_out_conversations(tokenizer, count, max_prompt):
-        first = next(m for m in messages if m["role"] == "user")
-        chosen.append([{"role": "user", "content": first["content"]}])
-    return chosen
-
-
-def agent_prompts(tokenizer, count: int, catalogue_tokens: int = 2000) -> list[list[dict]]:
-    """An agent's traffic: one system message holding a tool catalogue (the Berkeley Function Calling Leaderboard's
-    function descriptions, JSON, one a line, up to `catalogue_tokens` tokens: `pip install --no-deps bfcl-eval`)
-    and `count` different asks (BFCL's simple questions), every request resending the catalogue."""
-    from benchmarks.tool_calls import questions, tools_of
-
-    lines, seen, used = [], set(), 0
-    for question in questions("multiple", 200):
-        for tool in tools_of(question):
-            line = json.dumps(tool["function"], separators=(",", ":"))
-            size = len(tokenizer(line, add_special_tokens=False).input_ids)
-            if tool["function"]["name"] in seen or used + size > catalogue_tokens:
-                continue
-            seen.add(tool["function"]["name"])
-            lines.append(line)
-            used += size
-    system = "You are an assistant that may call these functions (JSON, one a line):\n" + "\n".join(lines)
-    asks = [question["question"][0][0]["content"] for question in questions("simple_python", count)]
-    return [[{"role": "system", "content": system}, {"role": "user", "content": ask}] for ask in asks]
 
 
 def _free_port() -> int:
@@ -126,67 +95,19 @@ def llama(binary: Path, gguf: Path, speculate: bool, threads: int, slots: int) -
     port = _free_port()
     command = [str(binary), "-m", str(gguf), "--alias", SERVED, "--host", "127.0.0.1", "--port", str(port),
                "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(CONTEXT * slots),
-               "--spec-type", "ngram-simple" if speculate else "none", "--no-webui"]  # fmt: skip
+               "--spec-type", "ngram-simple" if speculate else "none", "--no-webui", "--metrics"]  # fmt: skip
     return ServerProcess(command, port, "/health")
 
 
-def one_request(port: int, messages: list[dict], max_tokens: int) -> dict:
-    """One streamed greedy chat completion: its text, chunk arrival times, tokens (usage, when the server says)."""
-    body = {"model": SERVED, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
-    began, arrivals, parts, usage = time.perf_counter(), [], [], None
-    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=600) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content")
-                if text:
-                    arrivals.append(time.perf_counter() - began)
-                    parts.append(text)
-    return {"text": "".join(parts), "arrivals": arrivals, "usage": usage, "total_s": time.perf_counter() - began}
+PROMPT_SETS = {
+    "chat": (chat_prompts, "ShareGPT V3 held-out first user turns (<= 256 tokens)"),
+    "agent": (agent_prompts, "one ~2,000-token BFCL tool catalogue (system message) + BFCL simple_python asks"),
+    "code": (code_prompts, "HumanEval problems (seeded sample) asked in turn to complete a function, explain one, "
+             "fix one with a planted bug"),
+}  # fmt: skip
 
 
-def run_level(port: int, prompts: list[list[dict]], max_tokens: int, concurrency: int, tokenizer) -> dict:
-    """Every prompt through `concurrency` clients: the figures, and each prompt's answer."""
-    began = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda m: one_request(port, m, max_tokens), prompts))
-    wall = time.perf_counter() - began
-    tokens = []
-    for result in results:
-        usage = result["usage"] or {}
-        tokens.append(usage.get("completion_tokens") or len(tokenizer(result["text"], add_special_tokens=False)
-                                                             .input_ids))  # fmt: skip
-    ttft = [r["arrivals"][0] for r in results if r["arrivals"]]
-    gaps = [b - a for r in results for a, b in zip(r["arrivals"], r["arrivals"][1:])]
-    tpot = [(r["total_s"] - r["arrivals"][0]) / (n - 1) for r, n in zip(results, tokens) if r["arrivals"] and n > 1]
-    return {
-        "concurrency": concurrency,
-        "requests": len(prompts),
-        "wall_s": round(wall, 3),
-        "requests_per_s": round(len(prompts) / wall, 3),
-        "output_tokens": sum(tokens),
-        "output_tokens_per_s": round(sum(tokens) / wall, 2),
-        "ttft_s": _percentiles(ttft),
-        "chunk_gap_s": _percentiles(gaps),
-        "time_per_output_token_s": _percentiles(tpot),
-        "answers": [r["text"] for r in results],
-    }
-
-
-def _percentiles(values: list[float]) -> dict:
-    if not values:
-        return {}
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]  # noqa: E731
-    return {"p50": round(statistics.median(ordered), 4), "p99": round(pick(0.99), 4), "n": len(ordered)}
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -194,10 +115,63 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--servers", nargs="+", default=["assisted", "llama-server"])
-    parser.add_argument("--set", choices=("chat", "agent"), default="chat", help="chat: ShareGPT first turns; agent: "
-                        "a ~2,000-token tool catalogue resent with each of --prompts different asks")  # fmt: skip
+    parser.add_argument("--set", choices=tuple(PROMPT_SETS), default="chat", help="chat: ShareGPT first turns; agent: "
+                        "a ~2,000-token tool catalogue resent with each of --prompts different asks; code: HumanEval "
+                        "functions to complete, explain or fix")  # fmt: skip
+    parser.add_argument("--poisson", type=float, nargs="+", default=[], metavar="RATE", help="also an open loop per "
+                        "RATE (requests/s): the same prompts sent at seeded Poisson arrival times")  # fmt: skip
+    parser.add_argument("--ttft-slo", type=float, default=Slo().ttft_s, help="goodput: most seconds to first token")
+    parser.add_argument("--tpot-slo", type=float, default=Slo().tpot_s, help="goodput: most seconds per later token")
     parser.add_argument("--out", default=None, help="result file (default benchmarks/results/serve.json)")
     args = parser.parse_args(argv)
+    if any(rate <= 0 for rate in args.poisson):
+        parser.error(f"--poisson {args.poisson}: rates are requests/s above 0, e.g. --poisson 0.5 1 2")
+    if args.ttft_slo <= 0 or args.tpot_slo <= 0:
+        parser.error("--ttft-slo and --tpot-slo are seconds above 0, e.g. --ttft-slo 2 --tpot-slo 0.1")
+    if args.prompts < 1 or any(c < 1 for c in args.concurrency):
+        parser.error("--prompts and --concurrency are counts of at least 1, e.g. --prompts 16 --concurrency 1 4 8")
+    return args
+
+
+def measure(process: ServerProcess, prompts: list[list[dict]], args: argparse.Namespace, tokenizer) -> dict:
+    """The closed-loop levels, the open-loop rates and the drafting counters of one started server."""
+    slo = Slo(args.ttft_slo, args.tpot_slo)
+    warm = one_request(process.port, prompts[0], 8)  # warm-up (kernels, caches)
+    if warm["error"]:
+        raise RuntimeError(f"the warm-up request failed: {warm['error']}")
+    before = read_metrics(process.port)
+    levels = [closed_loop(process.port, prompts, args.max_tokens, c, tokenizer, slo) for c in args.concurrency]
+    rates = [open_loop(process.port, prompts, args.max_tokens, rate, tokenizer, slo) for rate in args.poisson]
+    drafting = speculation(before, read_metrics(process.port))
+    answers = [level.pop("answers") for level in levels]
+    for run in rates:  # {prompt index: answer} where the open loop's answer is not the first level's
+        run["answers_differing_from_concurrency_1"] = {
+            i: text for i, (text, first) in enumerate(zip(run.pop("answers"), answers[0])) if text != first
+        }
+    same = all(a == answers[0] for a in answers[1:])
+    changed = [i for i in range(len(prompts)) if len({a[i] for a in answers}) > 1]
+    return {"levels": levels, "answers_identical_across_concurrency": same, "prompts_whose_answer_changed": changed,
+            "answers_at_concurrency_1": answers[0], "poisson": rates, "drafting": drafting}  # fmt: skip
+
+
+def report(configuration: dict) -> None:
+    name = f"{configuration['server']:13s} spec={'on ' if configuration['speculation'] else 'off'}"
+    for run in configuration["levels"] + configuration["poisson"]:
+        load = f"c={run['concurrency']}" if "concurrency" in run else f"poisson {run['offered_per_s']:g}/s"
+        differing = run.get("answers_differing_from_concurrency_1")
+        differing = "" if differing is None else f", answers not those at c=1: prompts {sorted(differing)}"
+        print(f"{name} {load}: {run['requests_per_s']:.2f} req/s, {run['output_tokens_per_s']:.1f} tok/s, TTFT p50/p99 "
+              f"{run['ttft_s'].get('p50')}/{run['ttft_s'].get('p99')} s, TPOT p50/p99 "
+              f"{run['time_per_output_token_s'].get('p50')}/{run['time_per_output_token_s'].get('p99')} s, chunk gap "
+              f"p50/p99 {run['chunk_gap_s'].get('p50')}/{run['chunk_gap_s'].get('p99')} s, goodput "
+              f"{run['goodput_per_s']:.2f} req/s, errors {run['errors']}{differing}", flush=True)  # fmt: skip
+    same, changed = configuration["answers_identical_across_concurrency"], configuration["prompts_whose_answer_changed"]
+    print(f"{name}: answers identical across concurrency: {same}{'' if same else f' (changed: prompts {changed})'}; "
+          f"drafting {configuration['drafting']}", flush=True)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
 
     from transformers import AutoTokenizer  # noqa: F401  (the tokenizer comes from the .gguf)
 
@@ -207,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
 
     gguf = real_model_gguf(MODEL)
     tokenizer = load_tokenizer(str(gguf))
-    prompts = (agent_prompts if args.set == "agent" else chat_prompts)(tokenizer, args.prompts)
+    make_prompts, described = PROMPT_SETS[args.set]
+    prompts = make_prompts(tokenizer, args.prompts)
     binary = llama_server() if "llama-server" in args.servers else None
     configurations = []
     for server in args.servers:
@@ -215,26 +190,11 @@ def main(argv: list[str] | None = None) -> int:
             process = ours(gguf, speculate, args.threads, args.slots) if server == "assisted" else llama(
                 binary, gguf, speculate, args.threads, args.slots)  # fmt: skip
             try:
-                one_request(process.port, prompts[0], 8)  # warm-up (kernels, caches)
-                levels = [run_level(process.port, prompts, args.max_tokens, c, tokenizer) for c in args.concurrency]
+                configurations.append({"server": server, "speculation": speculate,
+                                       **measure(process, prompts, args, tokenizer)})  # fmt: skip
             finally:
                 process.stop()
-            answers = [level.pop("answers") for level in levels]
-            same = all(a == answers[0] for a in answers[1:])
-            changed = [i for i in range(len(prompts)) if len({a[i] for a in answers}) > 1]
-            configurations.append({"server": server, "speculation": speculate, "levels": levels,
-                                   "answers_identical_across_concurrency": same, "prompts_whose_answer_changed":
-                                   changed, "answers_at_concurrency_1": answers[0]})  # fmt: skip
-            for level in levels:
-                print(
-                    f"{server:13s} spec={'on ' if speculate else 'off'} c={level['concurrency']}: "
-                    f"{level['requests_per_s']:.2f} req/s, {level['output_tokens_per_s']:.1f} tok/s, "
-                    f"TTFT p50 {level['ttft_s'].get('p50')} s, chunk gap p50/p99 "
-                    f"{level['chunk_gap_s'].get('p50')}/{level['chunk_gap_s'].get('p99')} s",
-                    flush=True,
-                )
-            print(f"{server:13s} spec={'on ' if speculate else 'off'}: answers identical across concurrency: {same}"
-                  f"{'' if same else f' (changed: prompts {changed})'}", flush=True)  # fmt: skip
+            report(configurations[-1])
     native = os.environ.get("ASSISTED_BACKENDS_NATIVE", "unset: on where it covers the model")
     payload = {
         "model": f"{MODEL} ({gguf.name})",
@@ -243,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "slots": args.slots,
         "ASSISTED_BACKENDS_NATIVE": native,
-        "prompt_set": "ShareGPT V3 held-out first user turns (<= 256 tokens)" if args.set == "chat" else
-        "one ~2,000-token BFCL tool catalogue (system message) + BFCL simple_python asks",
+        "prompt_set": described,
+        "poisson_rates": args.poisson,
+        "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo},
         "configurations": configurations,
     }
     write_result("serve", command_line("serve"), payload, Path(args.out) if args.out else None)

@@ -235,10 +235,11 @@ class AdaptiveSchedule:
     pass feeds (M = B·q, B the live batch of `observe_batch`), t_d(B) from the draft time per drafted token. The
     first two rounds are plain (measure t_v(1)); the next one drafts `initial` tokens (measure t_d, t_v(initial
     + 1) and α_1..α_initial), and so does a second one if the first accepted anything (a free drafter explores at
-    once). Then γ follows the estimates, once plain decoding's time at the live batch rests on two passes (one may
-    be a warm-up's: a single inflated t_v(B) kept prompt lookup drafting at 8 rows where plain rounds were 3x
-    cheaper); an unmeasured t_v(q) is taken as the largest measured one and an unreached α_i as α_{i−1}, so a
-    good draft is pushed deeper round by round, and while plain decoding wins, a γ = 1 probe (the cheapest) runs
+    once). Then γ follows the estimates, once plain decoding's time at the live batch rests on two passes (a free
+    drafter that never measured it priced t_v(B) as its narrowest speculative pass, and one inflated first pass is
+    a warm-up's: either kept prompt lookup drafting at 8 rows where plain rounds were 3x cheaper); an unmeasured
+    t_v(q) is taken as the largest measured one and an unreached α_i as α_{i−1}, so a good draft is pushed deeper
+    round by round, and while plain decoding wins, a γ = 1 probe (the cheapest) runs
     now and then, ever more rarely while probes find nothing (`probe_wait`). A switch to speculation must beat
     plain decoding by `margin`, so break-even pairs (c ≈ α) stay plain. A draft whose try would cost more than
     `trial_budget` of the plain decoding left is never tried (`worth_trying`), so plain decoding is the worst
@@ -366,8 +367,8 @@ class AdaptiveSchedule:
             # measure α_i, t_d and t_v(initial + 1): one round for a draft that got nothing right,
             # two for one that did, so that a single warm-up-inflated time does not end speculation
             gamma = self.initial
-        elif self.verify_cost.samples(self.batch) == 1 and not self.verify_cost.settled_at_most(self.batch):
-            gamma = 0  # plain decoding's time rests on one pass, perhaps a warm-up's: measure it again before comparing
+        elif not self.verify_cost.settled_at_most(self.batch):
+            gamma = 0  # plain decoding's time at this batch rests on no pass or one (perhaps a warm-up's): measure it
         else:
             gamma = self.best_gamma()
             if gamma == 0 and self.plain_streak >= self.probe_wait() and self.worth_probing():

@@ -288,6 +288,20 @@ def test_one_inflated_plain_pass_does_not_keep_a_batch_drafting():
     assert schedule.verify(1) < 0.12
 
 
+def test_a_free_drafter_measures_plain_decoding_before_it_compares():
+    """Prompt lookup that finds a match in every row from the first round (the code set through the server, 8 rows):
+    plain decoding was never measured, so t_v(B) was priced as the narrowest speculative pass (3x a plain one) and
+    the batch drafted every round at a loss. Two plain rounds now measure it, and drafting stops."""
+    schedule = AdaptiveSchedule(max_gamma=10, cost_prior=0.0)
+    schedule.observe_batch(8)
+    for _ in range(40):
+        gamma = schedule.draft_length()
+        rows = (min(gamma, 2),) + (0,) * 7  # one row in eight accepts up to 2 tokens
+        schedule.update(RoundObservation(gamma, sum(rows), 0.001 * gamma, 0.03 + 0.01 * gamma * (gamma > 0), rows, 8))
+    assert schedule.verify_cost.samples(8) >= 2 and schedule.verify(1) == pytest.approx(0.03)
+    assert all(gamma == 0 for gamma in schedule.chosen[10:]), schedule.chosen
+
+
 def test_no_probe_when_too_few_tokens_are_left_to_use_what_it_finds():
     """A useless draft: probes every `probe_interval()` plain rounds, but none in the last interval of the
     generation when the schedule knows its horizon (each round here makes one token)."""

@@ -25,7 +25,11 @@ speculating by itself. The live batch changes (rows leave when a queue runs dry,
 costs are kept by the work of a pass: t_v by the tokens it feeds, M = B·(γ + 1) (a pass over B rows of
 γ + 1 tokens does the matmul work of one over B·(γ + 1) rows of one token), t_d by B. A batch that
 shrinks from 16 to 12 rows reads t_v(12, 4) between the measured M = 16 and M = 64 and t_v(12, 1) near
-M = 16: once compute-bound passes become cheaper, speculation comes back on.
+M = 16: once compute-bound passes become cheaper, speculation comes back on. Plain passes (q = 1) keep their
+own curve, by B: a pass of q > 1 tokens per row may take another path (the native step's attention over several
+queries costs 2-3x a plain pass at 4-8 rows), so the same M is not the same price, and a batch that drafted at 4
+rows must not read its verify passes as the plain cost of 8. Below the smallest verify pass measured, the plain
+curve stands in for it (no jump assumed: optimistic, so the size is tried once, then priced).
 """
 
 from __future__ import annotations
@@ -206,12 +210,20 @@ class _VerifyCost:
         """Whether some size <= `size` was measured at least twice."""
         return any(q <= size and ema.samples >= 2 for q, ema in self.by_size.items())
 
-    def __call__(self, size: int) -> float:
-        measured = sorted((q, ema.value, ema.samples) for q, ema in self.by_size.items())
+    def measured(self) -> list[tuple[int, float, int]]:
+        """(size, seconds, samples) of every measured size, ascending."""
+        return sorted((q, ema.value, ema.samples) for q, ema in self.by_size.items())
+
+    def __call__(self, size: int, below: _VerifyCost | None = None) -> float:
+        """The estimate at `size`; `below`: a curve whose sizes under this one's smallest stand in for it there."""
+        measured = self.measured()
+        if below is not None:
+            smallest = measured[0][0] if measured else None
+            measured = [m for m in below.measured() if smallest is None or m[0] < smallest] + measured
         if not measured:
             return 0.0
-        settled = [(q, v) for q, v, samples in measured if samples >= 2] or [(q, v) for q, v, _ in measured]
-        estimate = _interpolate(settled, size)
+        points = [(q, v) for q, v, samples in measured if samples >= 2] or [(q, v) for q, v, _ in measured]
+        estimate = _interpolate(points, size)
         own = self.by_size.get(size)
         return min(own.value, estimate) if own is not None else estimate
 
@@ -280,7 +292,8 @@ class AdaptiveSchedule:
         first_prior = 0.5 if acceptance_prior is None else min(max(acceptance_prior, 0.0), 1.0)
         self.acceptance = _PositionAcceptance(max_gamma, decay, first_prior=first_prior)
         self.draft_step = _VerifyCost()  # t_d(B), by the rows of the batch
-        self.verify_cost = _VerifyCost()  # t_v by the tokens a pass feeds, M = B·q
+        self.plain_cost = _VerifyCost()  # t_v(B, 1) by the rows B
+        self.verify_cost = _VerifyCost()  # t_v(B, q > 1) by the tokens a pass feeds, M = B·q
         self.batch = 1  # rows the next round feeds (`observe_batch`)
         self.plain_measured = 0  # plain rounds observed, at any batch size
         self.rounds = 0
@@ -293,7 +306,9 @@ class AdaptiveSchedule:
 
     def verify(self, query_length: int) -> float:
         """t_v(B, q): one target pass over q tokens of each of the B rows of the live batch."""
-        return self.verify_cost(self.batch * query_length)
+        if query_length == 1:
+            return self.plain_cost(self.batch)
+        return self.verify_cost(self.batch * query_length, below=self.plain_cost)
 
     def draft_seconds(self) -> float:
         """t_d(B): one draft step over the live batch (0 before any was measured)."""
@@ -367,7 +382,7 @@ class AdaptiveSchedule:
             # measure α_i, t_d and t_v(initial + 1): one round for a draft that got nothing right,
             # two for one that did, so that a single warm-up-inflated time does not end speculation
             gamma = self.initial
-        elif not self.verify_cost.settled_at_most(self.batch):
+        elif not self.plain_cost.settled_at_most(self.batch):
             gamma = 0  # plain decoding's time at this batch rests on no pass or one (perhaps a warm-up's): measure it
         else:
             gamma = self.best_gamma()
@@ -384,11 +399,12 @@ class AdaptiveSchedule:
         batch = observation.batch or self.batch
         rows = observation.row_accepted or (observation.accepted,)
         self.made += 1 + sum(rows) / len(rows)
-        self.verify_cost.add(batch * (gamma + 1), observation.verify_s)
         if gamma == 0:
+            self.plain_cost.add(batch, observation.verify_s)
             self.plain_measured += 1
             self.plain_streak += 1
             return
+        self.verify_cost.add(batch * (gamma + 1), observation.verify_s)
         self.plain_streak = 0
         if sum(rows) > 0:
             self.failed_probes = 0
@@ -411,7 +427,7 @@ class SourceSchedule:
         self.source = source
         shared = next(iter(schedules.values()))
         for schedule in schedules.values():
-            schedule.verify_cost = shared.verify_cost
+            schedule.plain_cost, schedule.verify_cost = shared.plain_cost, shared.verify_cost
         self.current = next(iter(schedules))
         self.chosen: list[tuple[str, int]] = []  # (source, γ) of every round
 

@@ -298,8 +298,27 @@ def test_a_free_drafter_measures_plain_decoding_before_it_compares():
         gamma = schedule.draft_length()
         rows = (min(gamma, 2),) + (0,) * 7  # one row in eight accepts up to 2 tokens
         schedule.update(RoundObservation(gamma, sum(rows), 0.001 * gamma, 0.03 + 0.01 * gamma * (gamma > 0), rows, 8))
-    assert schedule.verify_cost.samples(8) >= 2 and schedule.verify(1) == pytest.approx(0.03)
+    assert schedule.plain_cost.samples(8) >= 2 and schedule.verify(1) == pytest.approx(0.03)
     assert all(gamma == 0 for gamma in schedule.chosen[10:]), schedule.chosen
+
+
+def test_plain_passes_are_priced_apart_from_verify_passes_of_the_same_size():
+    """The native step at a live batch: a plain pass over 8 rows takes 19 ms, a verify pass over 4 rows of 2 tokens
+    (the same M = 8) 32 ms (its attention over several queries is another path). Keyed by M alone the two mixed, so
+    plain decoding at 8 rows looked dearer than it is; each now has its own curve, and a verify size never measured
+    is priced from the plain curve below the verify passes measured (tried, then priced)."""
+    schedule = AdaptiveSchedule(max_gamma=4, cost_prior=0.0)
+    rounds = [(2, 0, 0.012), (2, 0, 0.012), (8, 0, 0.019), (8, 0, 0.019), (4, 1, 0.032), (4, 1, 0.032), (8, 0, 0.019)]
+    for batch, gamma, seconds in rounds:
+        schedule.observe_batch(batch)
+        schedule.update(RoundObservation(gamma, 0, 0.0, seconds, (0,) * batch, batch))
+    schedule.observe_batch(8)
+    assert schedule.verify(1) == pytest.approx(0.019)
+    schedule.observe_batch(4)
+    assert schedule.verify(2) == pytest.approx(0.032)
+    assert schedule.verify(1) == pytest.approx(0.012 + (0.019 - 0.012) * (4 - 2) / (8 - 2))  # plain passes only
+    schedule.observe_batch(2)  # M = 4, below every verify pass: between the plain pass at 2 rows and the verify at 8
+    assert schedule.verify(2) == pytest.approx(0.012 + (0.032 - 0.012) * (4 - 2) / (8 - 2))
 
 
 def test_no_probe_when_too_few_tokens_are_left_to_use_what_it_finds():
@@ -369,4 +388,4 @@ def test_each_drafting_source_learns_its_own_acceptance():
     lookup_rounds = [g for source, g in schedule.chosen[40:] if source == "lookup"]
     assert head_rounds.count(0) >= 0.85 * len(head_rounds)
     assert min(lookup_rounds) >= 8
-    assert head.verify_cost is lookup.verify_cost and head.made == lookup.made
+    assert head.verify_cost is lookup.verify_cost and head.plain_cost is lookup.plain_cost and head.made == lookup.made

@@ -106,25 +106,27 @@ class DecodingState:
         self.target.move_rows(move, self.slots.length - 1)
         self.drafter.move_rows(move)
 
-    def settle(self, start: int, accepted: list[int], kept: dict[int, int], drafted: bool) -> None:
+    def settle(self, start: int, accepted: list[int], kept: dict[int, int], drafted: bool) -> bool:
         """After a round that began at column `start`: the shared length again, then the target's cache (and the
         drafter's, when it `drafted`) back to the committed tokens, the newest pending. One slot: start + what it
-        kept. Several: the slots still generating realign to the most accepted (`engine.realign`)."""
-        slots = self.slots
+        kept. Several: the slots still generating realign to the most accepted (`engine.realign`). Returns
+        whether rows left the batch."""
+        slots, left = self.slots, False
         if not slots.batched:
             slots.end_round(start + kept[0])
         elif any(slots.generating):
             most = max(accepted[b] for b in slots.live())
             live_accepted = [accepted[b] if alive else 0 for b, alive in enumerate(slots.generating)]
-            self.realign(live_accepted, start + most + 1)
+            left = self.realign(live_accepted, start + most + 1)
         self.target.rollback(slots.length - 1)  # the newest committed token stays pending
         if drafted:
             self.drafter.rollback()
+        return left
 
-    def realign(self, accepted: list[int], length: int) -> None:
+    def realign(self, accepted: list[int], length: int) -> bool:
         """Move the rows so that every slot still generating ends at one column (`engine.realign`), dropping the
         finished ones under the dynamic layout (but those a queue's next prompts take); `length`: the shared
-        length if no row moved."""
+        length if no row moved. Returns whether rows left the batch."""
         slots = self.slots
         began = time.perf_counter()
         refilled = set(slots.free(self.reserve))
@@ -132,9 +134,11 @@ class DecodingState:
         move, pad, cut = plan_move(slots.padding.host, accepted, slots.generating, stays, slots.ids.device)
         if move is None:
             slots.end_round(length)
-            return
+            return False
+        left = len(move.kept) < slots.batch
         self.move_rows(move, pad, length - cut)
         self.stats.record_move(time.perf_counter() - began)
+        return left
 
     def refill(self) -> None:
         """Queues: the slots of rows that ended take the queue's next prompts (`engine.joins.refill`); nothing

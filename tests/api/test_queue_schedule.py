@@ -87,3 +87,36 @@ def test_a_batch_forgets_once_per_round_not_once_per_row():
     batch.update_rows(2, (0,) * 16)
     successes, trials = 0.5 * 16, 0.5 * 16 + 16
     assert abs(batch.rates()[0] - (successes + 2.0 * 0.5) / (trials + 2.0)) < 1e-12
+
+
+def test_a_round_that_drops_ended_rows_is_priced_without_the_drop(monkeypatch):
+    """Dropping rows that ended copies the batch's cache whatever γ (4-5 plain passes at 4 rows in a server): the
+    schedule's sample of such a round leaves the drop out. With it in, plain decoding was priced up and a server's
+    batch drafted at a loss. Here the drop is made to take 0.3 s; no sample the schedule sees may hold it."""
+    import time
+
+    from tiny_models import random_prompt, tiny_model
+
+    from assisted_backends import generate_queue
+    from assisted_backends.engine.state import DecodingState
+
+    moves, observed = [], []
+    move_rows, update = DecodingState.move_rows, AdaptiveSchedule.update
+
+    def slow_drop(self, move, pad, length):
+        if len(move.kept) < self.slots.batch:
+            moves.append(len(move.kept))
+            time.sleep(0.3)
+        move_rows(self, move, pad, length)
+
+    def record(self, observation):
+        observed.append(observation)
+        update(self, observation)
+
+    monkeypatch.setattr(DecodingState, "move_rows", slow_drop)
+    monkeypatch.setattr(AdaptiveSchedule, "update", record)
+    target = tiny_model("llama", seed=0)
+    prompts = [random_prompt(6, seed=i)[0].repeat(3) for i in range(3)]  # repeats: lookup finds matches
+    generate_queue(target, prompts, slots=2, max_new_tokens=12, prompt_lookup_num_tokens=4, pad_token_id=0)
+    assert moves, "two rows end together while one prompt waits: one of them leaves the batch"
+    assert observed and max(o.verify_s for o in observed) < 0.3
